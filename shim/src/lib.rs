@@ -1,0 +1,1 @@
+//! libgpufence.so — see issue 6.

@@ -1,0 +1,49 @@
+//! `gpufence`: inventory, CDI, plan, hooks and runtime configuration.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpufence",
+    version,
+    about = "Node-side enforcement point for shared GPUs"
+)]
+struct Cli {
+    /// Configuration file (default /etc/gpufence/config.toml; env GPUFENCE_CONFIG).
+    #[arg(long, global = true, env = "GPUFENCE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// What the node has: GPUs, MIG devices, device nodes, driver files by capability.
+    Inventory(gpufence::inventory::cli::Args),
+    /// Describe the node's GPUs as a CDI spec.
+    #[command(subcommand)]
+    Cdi(gpufence::cdi::cli::Cmd),
+    /// Dry run: the normalised allocation and the edits the runtime would make.
+    Plan(gpufence::allocation::cli::Args),
+    /// OCI hook entry points for CRI-O / podman hooks.d.
+    #[command(subcommand)]
+    Hook(gpufence::hook::cli::Cmd),
+    /// Register gpufence with a container runtime.
+    #[command(subcommand)]
+    Runtime(gpufence::runtime::cli::Cmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let config = cli.config.as_deref();
+    let r = match cli.cmd {
+        Cmd::Inventory(a) => gpufence::inventory::cli::run(config, a),
+        Cmd::Cdi(c) => gpufence::cdi::cli::run(config, c),
+        Cmd::Plan(a) => gpufence::allocation::cli::run(config, a),
+        Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
+        Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
+    };
+    gpufence::exit::finish("gpufence", r)
+}

@@ -1,0 +1,10 @@
+//! Container Device Interface: the spec types (shared by the generator, the `cdi` allocation
+//! dialect and the plan, whose edits have CDI's `containerEdits` shape), plus the generator.
+
+pub mod spec;
+
+pub mod cli;
+pub use spec::{ContainerEdits, Device, DeviceNodeEdit, HookEdit, LoadedSpec, MountEdit, Spec};
+
+/// The kind of the devices gpufence describes.
+pub const KIND: &str = "gpufence.dev/gpu";

@@ -1,0 +1,400 @@
+//! `/etc/gpufence/config.toml`: the node's policy and where the driver lives.
+//!
+//! Keys are the contract in DESIGN.md; unknown keys are rejected so that a typo never silently
+//! weakens the policy.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Default location of the configuration file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpufence/config.toml";
+/// Environment variable that overrides the configuration path.
+pub const CONFIG_ENV: &str = "GPUFENCE_CONFIG";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {key} = {value:?}: {why}")]
+    Invalid {
+        path: PathBuf,
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
+}
+
+/// The whole node configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the driver's libraries and binaries are found.
+    pub driver_root: PathBuf,
+    /// Where `/dev/nvidia*` are found.
+    pub dev_root: PathBuf,
+    /// Where `/proc/driver/nvidia` is found (MIG capability minors). Extension of the contract.
+    pub proc_root: PathBuf,
+    /// NVML to load.
+    pub nvml_library: String,
+    /// Host directory holding per-container accounting and the inventory cache.
+    pub state_dir: PathBuf,
+    pub runtime: RuntimeConfig,
+    pub allocation: AllocationConfig,
+    pub shim: ShimConfig,
+    pub log: LogConfig,
+    pub gpushare: GpushareConfig,
+    /// Where this file was read from (not a key).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            driver_root: PathBuf::from("/"),
+            dev_root: PathBuf::from("/"),
+            proc_root: PathBuf::from("/"),
+            nvml_library: "libnvidia-ml.so.1".to_string(),
+            state_dir: PathBuf::from("/run/gpufence"),
+            runtime: RuntimeConfig::default(),
+            allocation: AllocationConfig::default(),
+            shim: ShimConfig::default(),
+            log: LogConfig::default(),
+            gpushare: GpushareConfig::default(),
+            source: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// The real OCI runtime; `None` means the first of `runc`, `crun` on PATH.
+    pub path: Option<PathBuf>,
+}
+
+/// The allocation dialects gpufence understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    Gpufence,
+    Cdi,
+    Hami,
+    Gpushare,
+    Nvidia,
+}
+
+impl Dialect {
+    pub const ALL: [Dialect; 5] = [
+        Dialect::Gpufence,
+        Dialect::Cdi,
+        Dialect::Hami,
+        Dialect::Gpushare,
+        Dialect::Nvidia,
+    ];
+    /// Dialects whose allocation is read from the process environment.
+    pub fn is_env_based(self) -> bool {
+        matches!(self, Dialect::Hami | Dialect::Gpushare | Dialect::Nvidia)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Gpufence => "gpufence",
+            Dialect::Cdi => "cdi",
+            Dialect::Hami => "hami",
+            Dialect::Gpushare => "gpushare",
+            Dialect::Nvidia => "nvidia",
+        }
+    }
+}
+
+impl std::fmt::Display for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `allocation.trust-env`: a bool, or a list of dialect names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TrustEnv {
+    All(bool),
+    Dialects(Vec<Dialect>),
+}
+
+impl Default for TrustEnv {
+    fn default() -> Self {
+        TrustEnv::All(false)
+    }
+}
+
+impl TrustEnv {
+    pub fn trusts(&self, d: Dialect) -> bool {
+        match self {
+            TrustEnv::All(b) => *b,
+            TrustEnv::Dialects(list) => list.contains(&d),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct AllocationConfig {
+    /// Which dialects are read.
+    pub dialects: Vec<Dialect>,
+    /// Honour allocations expressed in the process env.
+    pub trust_env: TrustEnv,
+}
+
+impl Default for AllocationConfig {
+    fn default() -> Self {
+        AllocationConfig {
+            dialects: Dialect::ALL.to_vec(),
+            trust_env: TrustEnv::default(),
+        }
+    }
+}
+
+impl AllocationConfig {
+    pub fn enabled(&self, d: Dialect) -> bool {
+        self.dialects.contains(&d)
+    }
+    /// Enabled and (for env-based dialects) trusted.
+    pub fn honours(&self, d: Dialect) -> bool {
+        self.enabled(d) && (!d.is_env_based() || self.trust_env.trusts(d))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShimInject {
+    #[serde(rename = "ld.so.preload")]
+    LdSoPreload,
+    #[serde(rename = "env")]
+    Env,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ShimConfig {
+    /// The interception shim to inject (host path).
+    pub library: PathBuf,
+    pub inject: ShimInject,
+}
+
+impl Default for ShimConfig {
+    fn default() -> Self {
+        ShimConfig {
+            library: PathBuf::from("/usr/lib/gpufence/libgpufence.so"),
+            inject: ShimInject::LdSoPreload,
+        }
+    }
+}
+
+impl ShimConfig {
+    /// True when the configured shim is HAMi-core's `libvgpu.so` (compatibility variables).
+    pub fn is_hami_core(&self) -> bool {
+        self.library
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("libvgpu.so"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub file: PathBuf,
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            file: PathBuf::from("/var/log/gpufence.log"),
+            level: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemoryUnit {
+    GiB,
+    MiB,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct GpushareConfig {
+    /// Unit of `ALIYUN_COM_GPU_MEM_*` values.
+    pub memory_unit: MemoryUnit,
+}
+
+impl Default for GpushareConfig {
+    fn default() -> Self {
+        GpushareConfig {
+            memory_unit: MemoryUnit::GiB,
+        }
+    }
+}
+
+impl Config {
+    /// Parse a configuration from TOML text; `path` only names the input in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })?;
+        cfg.source = Some(path.to_path_buf());
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Load from an explicit path, else `$GPUFENCE_CONFIG`, else the default path. A missing
+    /// default file means the defaults; a missing explicit file is an error.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        let env = std::env::var_os(CONFIG_ENV).map(PathBuf::from);
+        let (path, required) = match (explicit, env) {
+            (Some(p), _) => (p.to_path_buf(), true),
+            (None, Some(p)) => (p, true),
+            (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Config::from_toml(&text, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read { path, source }),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let path = self.source.clone().unwrap_or_default();
+        for (key, p) in [
+            ("driver-root", &self.driver_root),
+            ("dev-root", &self.dev_root),
+            ("proc-root", &self.proc_root),
+            ("state-dir", &self.state_dir),
+            ("shim.library", &self.shim.library),
+        ] {
+            if !p.is_absolute() {
+                return Err(ConfigError::Invalid {
+                    path,
+                    key,
+                    value: p.display().to_string(),
+                    why: "must be an absolute path",
+                });
+            }
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(ConfigError::Invalid {
+                path,
+                key: "log.level",
+                value: self.log.level.clone(),
+                why: "not a log level or filter (error, warn, info, debug, trace)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Host path of something under `dev-root` (`p` is absolute, e.g. `/dev/nvidia0`).
+    pub fn dev_path(&self, p: &str) -> PathBuf {
+        join_root(&self.dev_root, p)
+    }
+    /// Host path of something under `driver-root`.
+    pub fn driver_path(&self, p: &str) -> PathBuf {
+        join_root(&self.driver_root, p)
+    }
+    /// Host path of something under `proc-root`.
+    pub fn proc_path(&self, p: &str) -> PathBuf {
+        join_root(&self.proc_root, p)
+    }
+    /// Host directory of one container's state.
+    pub fn container_state_dir(&self, container_id: &str) -> PathBuf {
+        self.state_dir.join(container_id)
+    }
+}
+
+/// Join an absolute path under a root (`/` root gives the path unchanged).
+pub fn join_root(root: &Path, p: &str) -> PathBuf {
+    root.join(p.trim_start_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_design() {
+        let c = Config::default();
+        assert_eq!(c.driver_root, PathBuf::from("/"));
+        assert_eq!(c.nvml_library, "libnvidia-ml.so.1");
+        assert_eq!(c.state_dir, PathBuf::from("/run/gpufence"));
+        assert_eq!(c.shim.inject, ShimInject::LdSoPreload);
+        assert!(!c.allocation.trust_env.trusts(Dialect::Nvidia));
+        assert!(c.allocation.honours(Dialect::Gpufence));
+        assert!(!c.allocation.honours(Dialect::Hami));
+    }
+
+    #[test]
+    fn parses_all_keys() {
+        let t = r#"
+driver-root = "/sim/driver"
+dev-root = "/sim"
+nvml-library = "/sim/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+state-dir = "/sim/state"
+[runtime]
+path = "/usr/sbin/runc"
+[allocation]
+dialects = ["gpufence", "cdi", "hami"]
+trust-env = ["hami"]
+[shim]
+library = "/usr/local/vgpu/libvgpu.so"
+inject = "env"
+[log]
+file = "/sim/gpufence.log"
+level = "debug"
+format = "json"
+[gpushare]
+memory-unit = "MiB"
+"#;
+        let c = Config::from_toml(t, Path::new("x.toml")).unwrap();
+        assert_eq!(
+            c.dev_path("/dev/nvidia0"),
+            PathBuf::from("/sim/dev/nvidia0")
+        );
+        assert!(c.allocation.honours(Dialect::Hami));
+        assert!(!c.allocation.honours(Dialect::Nvidia));
+        assert!(!c.allocation.enabled(Dialect::Gpushare));
+        assert_eq!(c.shim.inject, ShimInject::Env);
+        assert!(c.shim.is_hami_core());
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.gpushare.memory_unit, MemoryUnit::MiB);
+        let c = Config::from_toml("[allocation]\ntrust-env = true\n", Path::new("x")).unwrap();
+        assert!(c.allocation.honours(Dialect::Nvidia));
+    }
+
+    #[test]
+    fn rejects_unknown_and_relative() {
+        let e = Config::from_toml("drvier-root = \"/x\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("c.toml"), "{e}");
+        let e = Config::from_toml("dev-root = \"rel\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("dev-root"), "{e}");
+        let e = Config::from_toml("[log]\nlevel = \"loud!!\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("log.level"), "{e}");
+    }
+}

@@ -1,0 +1,2 @@
+//! `gpufence hook …`: enforcement as an OCI hook (CRI-O / podman hooks.d).
+pub mod cli;

@@ -1,0 +1,23 @@
+//! gpufence: the node-side enforcement point for shared GPUs.
+//!
+//! The crate is a pipeline of plain data (see `DESIGN.md`):
+//!
+//! * [`inventory`] — what the node has (NVML + device nodes + driver files), cached on disk;
+//! * [`allocation`] — what the scheduler decided, normalised from any dialect;
+//! * [`plan`] — the container edits, a pure function of (config.json, inventory, config);
+//! * apply — to the OCI spec ([`runtime`]) or inside the container's namespaces ([`hook`]);
+//! * [`cdi`] — the same edits emitted as a CDI spec.
+//!
+//! Side effects live at the edges; the middle is unit-testable.
+
+pub mod allocation;
+pub mod cdi;
+pub mod config;
+pub mod exit;
+pub mod hook;
+pub mod inventory;
+pub mod logging;
+pub mod plan;
+pub mod quota;
+pub mod runtime;
+pub mod sim;
