@@ -300,7 +300,11 @@ impl Config {
                 });
             }
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+        let level_ok = LEVELS.contains(&self.log.level.to_ascii_lowercase().as_str())
+            || (self.log.level.contains('=')
+                && tracing_subscriber::EnvFilter::try_new(&self.log.level).is_ok());
+        if !level_ok {
             return Err(ConfigError::Invalid {
                 path,
                 key: "log.level",
