@@ -1,0 +1,139 @@
+//! Shared helpers for end-to-end tests: artifact paths, root checks, rootfs builders, the
+//! simulated node. Tests that need root or a tool skip with a message when it is missing —
+//! `make test` runs as root with every tool installed, so there they always run.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `target/<profile>` of this build.
+pub fn target_dir() -> PathBuf {
+    // CARGO_BIN_EXE_* points into target/<profile>/.
+    PathBuf::from(env!("CARGO_BIN_EXE_gpufence"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf()
+}
+
+/// A binary of the root package.
+pub fn bin(name: &str) -> PathBuf {
+    target_dir().join(name)
+}
+
+/// A cdylib of the workspace (`libgpufence.so`, `libgpufence_mock_nvml.so`, …). The Makefile
+/// builds the whole workspace before `cargo test`; a missing library is a test failure.
+pub fn cdylib(file: &str) -> PathBuf {
+    let p = target_dir().join(file);
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build --workspace` (make test does) first",
+        p.display()
+    );
+    p
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool} >/dev/null 2>&1")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Skip (return true) unless root and all tools are present. Under CI (`CI=true`) a missing
+/// prerequisite is a failure, not a skip, so a green CI always means the e2e tests ran.
+pub fn skip_unless(tools: &[&str]) -> bool {
+    let mut missing: Vec<String> = tools.iter().filter(|t| !have(t)).map(|t| t.to_string()).collect();
+    if !is_root() {
+        missing.push("root".into());
+    }
+    if missing.is_empty() {
+        return false;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("GPUFENCE_E2E_REQUIRED").is_ok() {
+        panic!("e2e prerequisites missing: {}", missing.join(", "));
+    }
+    eprintln!("SKIP: missing {}", missing.join(", "));
+    true
+}
+
+/// A unique scratch directory (kept on failure for inspection under /tmp/gpufence-tests).
+pub fn scratch(name: &str) -> PathBuf {
+    let base = PathBuf::from("/tmp/gpufence-tests");
+    std::fs::create_dir_all(&base).unwrap();
+    let d = base.join(format!("{name}-{}-{}", std::process::id(), unique()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Static busybox rootfs (`/bin/busybox` from busybox-static) with applet links.
+pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for d in ["bin", "dev", "proc", "sys", "etc", "tmp", "lib", "usr/lib", "run"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static installed");
+    for c in [
+        "sh", "ls", "cat", "echo", "env", "mount", "grep", "sleep", "id", "head", "stat", "test",
+        "printf", "dd", "true", "touch", "rm", "mknod", "readlink", "wc",
+    ] {
+        let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(c));
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    root
+}
+
+/// Busybox rootfs plus the host's glibc loader and libc, so dynamically linked test programs
+/// (and dlopen of driver libraries through the ld cache) work inside the container.
+pub fn glibc_rootfs(dir: &Path) -> PathBuf {
+    let root = busybox_rootfs(dir);
+    let libdir = root.join("lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::fs::create_dir_all(root.join("lib64")).unwrap();
+    for lib in ["libc.so.6", "libm.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0"] {
+        let src = Path::new("/lib/x86_64-linux-gnu").join(lib);
+        if src.exists() {
+            std::fs::copy(&src, libdir.join(lib)).unwrap();
+        }
+    }
+    std::fs::copy("/lib64/ld-linux-x86-64.so.2", root.join("lib64/ld-linux-x86-64.so.2")).unwrap();
+    root
+}
+
+/// A simulated node built by `gpufence-sim node`; returns the config.toml path it printed.
+pub fn sim_node(dir: &Path, gpus: u32, mig_gpu: Option<u32>) -> PathBuf {
+    let mut cmd = Command::new(bin("gpufence-sim"));
+    cmd.args(["node", "--dir"]).arg(dir).args(["--gpus", &gpus.to_string()]);
+    if let Some(m) = mig_gpu {
+        cmd.args(["--mig-gpu", &m.to_string()]);
+    }
+    let out = cmd.output().expect("run gpufence-sim");
+    assert!(
+        out.status.success(),
+        "gpufence-sim failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Run a command, return (status code, stdout, stderr).
+pub fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
