@@ -45,6 +45,9 @@ pub struct Config {
     pub nvml_library: String,
     /// Host directory holding per-container accounting and the inventory cache.
     pub state_dir: PathBuf,
+    /// The installed `gpufence` binary, named in the hooks gpufence adds to containers
+    /// (ldcache refresh). Extension of the contract.
+    pub gpufence_binary: PathBuf,
     pub runtime: RuntimeConfig,
     pub allocation: AllocationConfig,
     pub shim: ShimConfig,
@@ -63,6 +66,7 @@ impl Default for Config {
             proc_root: PathBuf::from("/"),
             nvml_library: "libnvidia-ml.so.1".to_string(),
             state_dir: PathBuf::from("/run/gpufence"),
+            gpufence_binary: PathBuf::from("/usr/bin/gpufence"),
             runtime: RuntimeConfig::default(),
             allocation: AllocationConfig::default(),
             shim: ShimConfig::default(),
@@ -289,6 +293,7 @@ impl Config {
             ("dev-root", &self.dev_root),
             ("proc-root", &self.proc_root),
             ("state-dir", &self.state_dir),
+            ("gpufence-binary", &self.gpufence_binary),
             ("shim.library", &self.shim.library),
         ] {
             if !p.is_absolute() {

@@ -99,3 +99,87 @@ pub fn plan(
         ..Plan::default()
     })
 }
+
+/// Mount options for driver files and the shim.
+pub const RO_BIND: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+
+/// The CDI/OCI device-node edit for an inventory device node.
+pub fn device_node_edit(n: &crate::inventory::DeviceNode) -> crate::cdi::DeviceNodeEdit {
+    crate::cdi::DeviceNodeEdit {
+        path: n.path.clone(),
+        host_path: Some(n.host_path.display().to_string()),
+        kind: Some(n.kind.to_string()),
+        major: Some(i64::from(n.major)),
+        minor: Some(i64::from(n.minor)),
+        file_mode: Some(0o666),
+        permissions: Some("rw".to_string()),
+        uid: None,
+        gid: None,
+    }
+}
+
+/// The cgroup allow rule for an inventory device node.
+pub fn cgroup_rule(n: &crate::inventory::DeviceNode) -> CgroupRule {
+    CgroupRule {
+        kind: n.kind,
+        major: n.major,
+        minor: n.minor,
+        access: "rw".to_string(),
+    }
+}
+
+/// Read-only bind mounts of driver files (same path in the container as under `driver-root`).
+pub fn driver_mounts<'a>(
+    files: impl IntoIterator<Item = &'a crate::inventory::DriverFile>,
+) -> Vec<crate::cdi::MountEdit> {
+    files
+        .into_iter()
+        .map(|f| crate::cdi::MountEdit {
+            host_path: f.host_path.display().to_string(),
+            container_path: f.container_path.clone(),
+            kind: None,
+            options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+        })
+        .collect()
+}
+
+/// Directories (inside the container) holding mounted driver libraries, for the ldcache hook.
+pub fn library_dirs<'a>(
+    files: impl IntoIterator<Item = &'a crate::inventory::DriverFile>,
+) -> Vec<String> {
+    let mut dirs: Vec<String> = files
+        .into_iter()
+        .filter(|f| f.kind == crate::inventory::FileKind::Library)
+        .filter_map(|f| {
+            std::path::Path::new(&f.container_path)
+                .parent()
+                .map(|p| p.display().to_string())
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The createContainer hook that refreshes the container's ld cache for `folders`:
+/// `gpufence hook update-ldcache --folder DIR…`, with an explicit env so it never inherits the
+/// container's.
+pub fn ldcache_hook(config: &crate::config::Config, folders: &[String]) -> crate::cdi::HookEdit {
+    let mut args = vec!["gpufence".to_string()];
+    if let Some(src) = &config.source {
+        args.push("--config".to_string());
+        args.push(src.display().to_string());
+    }
+    args.extend(["hook".to_string(), "update-ldcache".to_string()]);
+    for f in folders {
+        args.push("--folder".to_string());
+        args.push(f.clone());
+    }
+    crate::cdi::HookEdit {
+        hook_name: "createContainer".to_string(),
+        path: config.gpufence_binary.display().to_string(),
+        args,
+        env: vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin".to_string()],
+        timeout: Some(10),
+    }
+}
