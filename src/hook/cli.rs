@@ -1,18 +1,81 @@
-//! `gpufence hook prestart|create-runtime|install|update-ldcache`.
-use std::path::Path;
+//! `gpufence hook prestart|create-runtime|poststop|install|update-ldcache`.
+use std::path::{Path, PathBuf};
 
 use crate::exit::Exit;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Cmd {
-    /// OCI prestart hook (state JSON on stdin).
+    /// OCI prestart hook (state JSON on stdin): enforce the allocation in the container.
     Prestart,
-    /// OCI createRuntime hook (state JSON on stdin).
+    /// OCI createRuntime hook (state JSON on stdin): same as prestart.
     CreateRuntime,
+    /// OCI poststop hook (state JSON on stdin): remove the container's state directory.
+    Poststop,
+    /// Write the hooks.d drop-ins naming this binary.
+    Install {
+        /// hooks.d directory (e.g. /usr/share/containers/oci/hooks.d, /etc/containers/oci/hooks.d).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Binary named in the drop-ins (default: this executable).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// Stage to run at.
+        #[arg(long, value_parser = ["prestart", "createRuntime"], default_value = "prestart")]
+        stage: String,
+    },
     /// createContainer hook: refresh the container's ld cache.
     UpdateLdcache,
 }
 
-pub fn run(_config: Option<&Path>, _cmd: Cmd) -> Result<(), Exit> {
-    Err(Exit::env("not implemented yet"))
+pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
+    match cmd {
+        Cmd::Prestart => {
+            super::enforce(config, super::Stage::Prestart, &mut std::io::stdin().lock())
+        }
+        Cmd::CreateRuntime => super::enforce(
+            config,
+            super::Stage::CreateRuntime,
+            &mut std::io::stdin().lock(),
+        ),
+        Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
+        Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
+        Cmd::UpdateLdcache => Err(Exit::env("not implemented yet")),
+    }
+}
+
+fn install(
+    config: Option<&Path>,
+    dir: &Path,
+    binary: Option<PathBuf>,
+    stage: &str,
+) -> Result<(), Exit> {
+    let cfg = crate::config::Config::load(config)?;
+    let binary = match binary {
+        Some(b) => b,
+        None => std::env::current_exe()
+            .and_then(|p| p.canonicalize())
+            .map_err(|e| Exit::env(format!("hook install: locating this binary: {e}")))?,
+    };
+    if !binary.is_absolute() {
+        return Err(Exit::invalid(format!(
+            "hook install: --binary {}: must be an absolute path",
+            binary.display()
+        )));
+    }
+    let stage = if stage == "createRuntime" {
+        super::Stage::CreateRuntime
+    } else {
+        super::Stage::Prestart
+    };
+    // Name the config file only when one was chosen explicitly (else the default applies).
+    let cfg_path = config.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+    let written = super::install::install(&cfg, dir, &binary, cfg_path.as_deref(), stage)
+        .map_err(|e| Exit::env(format!("hook install: {}: {e}", dir.display())))?;
+    if written.is_empty() {
+        eprintln!("gpufence: no allocation dialect enabled: no hook installed");
+    }
+    for p in written {
+        println!("{}", p.display());
+    }
+    Ok(())
 }

@@ -1,2 +1,321 @@
 //! `gpufence hook …`: enforcement as an OCI hook (CRI-O / podman hooks.d).
+//!
+//! The runtime can no longer be asked to add devices or mounts, so the hook does it itself, in
+//! the container's mount namespace and device cgroup, before the container process runs. Input
+//! an image author controls (the rootfs, the env, annotations passed through) is treated as
+//! hostile: every rootfs path is resolved inside the rootfs ([`safepath`]), host sources are
+//! opened before joining the container's namespace ([`mounts`]), nothing of the container's env
+//! or binaries is used, and any failure aborts the container's creation.
+
+pub mod apply;
+pub mod bpf;
+pub mod caps;
+pub mod cgroup;
 pub mod cli;
+pub mod inputs;
+pub mod install;
+pub mod mounts;
+pub mod safepath;
+pub mod state;
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use tracing::{error, info, warn};
+
+use crate::exit::Exit;
+
+/// Why the hook refused or failed. Every variant reads as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error(transparent)]
+    State(#[from] state::StateError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("allocation: {0}")]
+    Allocation(#[from] crate::allocation::AllocationError),
+    #[error("inventory: {0}")]
+    Inventory(String),
+    #[error("plan: {0}")]
+    Plan(String),
+    #[error(transparent)]
+    Path(#[from] safepath::PathError),
+    #[error(transparent)]
+    Mount(#[from] mounts::MountError),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error("{path}: {op}: {errno}")]
+    Host {
+        path: String,
+        op: &'static str,
+        errno: nix::errno::Errno,
+    },
+    #[error("in the container's mount namespace: {0}")]
+    Namespace(String),
+    #[error("ld cache refresh: {0}")]
+    Ldcache(String),
+    #[error("capabilities: {0}")]
+    Caps(String),
+}
+
+impl HookError {
+    /// 1: the input (state, config.json, allocation, rootfs) is at fault; 2: the host failed.
+    pub fn code(&self) -> i32 {
+        match self {
+            HookError::State(_)
+            | HookError::Config(_)
+            | HookError::Allocation(_)
+            | HookError::Plan(_)
+            | HookError::Path(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Which OCI stage invoked the hook (both run in the runtime's namespace, before pivot_root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Prestart,
+    CreateRuntime,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Prestart => "prestart",
+            Stage::CreateRuntime => "createRuntime",
+        }
+    }
+}
+
+/// The hook entry: state JSON from `stdin`, enforcement, `Exit` on failure.
+pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Result<(), Exit> {
+    // Nothing this process does needs more than HOST; drop the rest before reading input.
+    caps::restrict(caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
+    let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
+        .map_err(|e| Exit::invalid(e.to_string()))?;
+    let st = state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))?;
+    let cfg = crate::config::Config::load(config)?;
+    crate::logging::init(&cfg);
+    let id = st.id.clone();
+    match enforce_state(&cfg, stage, &st, &raw) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            error!(container = %id, stage = stage.name(), error = %e, "refused: container creation aborted");
+            Err(Exit::new(
+                e.code(),
+                format!("hook {}: container {id}: {e}", stage.name()),
+            ))
+        }
+    }
+}
+
+fn enforce_state(
+    cfg: &crate::config::Config,
+    stage: Stage,
+    st: &state::State,
+    raw_state: &[u8],
+) -> Result<(), HookError> {
+    let id = st.id.as_str();
+    let (spec, rootfs) = state::read_config(&st.bundle)?;
+    let (plan, inventory_majors) = inputs::plan(cfg, &spec, id)?;
+    if plan.grants_nothing() {
+        info!(
+            container = id,
+            stage = stage.name(),
+            "no allocation: nothing granted"
+        );
+        return Ok(());
+    }
+    info!(
+        container = id,
+        stage = stage.name(),
+        devices = plan.edits.device_nodes.len(),
+        mounts = plan.edits.mounts.len(),
+        "enforcing plan"
+    );
+    apply::log_unapplied(&plan, id);
+    let state_dir = plan.state_dir.as_ref().map(std::path::PathBuf::from);
+    let created_state_dir = state_dir.as_ref().is_some_and(|d| !d.exists());
+    let r = enforce_plan(cfg, st, raw_state, &rootfs, &plan, &inventory_majors);
+    // Fail closed without leftovers: the state directory is ours (id validated, under
+    // state-dir); remove_dir_all does not follow symlinks.
+    if r.is_err()
+        && created_state_dir
+        && let Some(d) = &state_dir
+        && d.starts_with(&cfg.state_dir)
+        && d != &cfg.state_dir
+        && let Err(e) = std::fs::remove_dir_all(d)
+    {
+        warn!(container = id, path = %d.display(), error = %e, "cleanup failed");
+    }
+    r
+}
+
+fn enforce_plan(
+    cfg: &crate::config::Config,
+    st: &state::State,
+    raw_state: &[u8],
+    rootfs: &Path,
+    plan: &crate::plan::Plan,
+    inventory_majors: &[u32],
+) -> Result<(), HookError> {
+    let id = st.id.as_str();
+    let pid = st.pid.unwrap_or_default();
+    let nodes = apply::node_specs(plan)?;
+    if let Some(d) = &plan.state_dir {
+        let d = Path::new(d);
+        if !d.starts_with(&cfg.state_dir) {
+            return Err(HookError::Plan(format!(
+                "state directory {} outside state-dir",
+                d.display()
+            )));
+        }
+        std::fs::create_dir_all(d).map_err(|e| HookError::Host {
+            path: d.display().to_string(),
+            op: "mkdir",
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+    }
+    apply::write_host_files(plan, &cfg.state_dir)?;
+    let mounts = apply::detach_mounts(plan)?;
+    let ldcache = ldcache_run(plan, raw_state)?;
+
+    // The container's mount namespace must be another one than ours: mounting "into the
+    // container" in the host's namespace would change the host.
+    let ns = open_ns(pid)?;
+    let own = nix::sys::stat::stat("/proc/self/ns/mnt").map_err(|errno| HookError::Host {
+        path: "/proc/self/ns/mnt".into(),
+        op: "stat",
+        errno,
+    })?;
+    let theirs = nix::sys::stat::fstat(&ns).map_err(|errno| HookError::Host {
+        path: format!("/proc/{pid}/ns/mnt"),
+        op: "stat",
+        errno,
+    })?;
+    if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
+        return Err(HookError::Namespace(
+            "the container shares the host's mount namespace: refusing to mount".into(),
+        ));
+    }
+
+    // Device cgroup.
+    let read = |p: String| {
+        std::fs::read_to_string(&p).map_err(|e| HookError::Host {
+            path: p.clone(),
+            op: "read",
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })
+    };
+    let cg = cgroup::locate(
+        &read(format!("/proc/{pid}/cgroup"))?,
+        &read("/proc/self/mountinfo".into())?,
+    )?;
+    if let Some(v1) = &cg.v1 {
+        cgroup::allow_v1(v1, &plan.cgroup_rules)?;
+        info!(container = id, cgroup = %v1.display(), rules = ?plan.cgroup_rules.iter().map(|r| r.to_string()).collect::<Vec<_>>(), "v1 device rules allowed");
+    }
+    if let Some(v2) = &cg.v2 {
+        let proc_devices = read("/proc/devices".into()).unwrap_or_default();
+        let extra = inventory_majors
+            .iter()
+            .copied()
+            .chain(plan.cgroup_rules.iter().map(|r| r.major));
+        let majors = cgroup::gated_majors(&proc_devices, extra);
+        let before = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
+        info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs = before.len(), "v2 device gate attached");
+        if cg.v1.is_none() && !before.is_empty() {
+            warn!(
+                container = id,
+                "cgroup v2 only: the runtime's device program must also allow the granted nodes (CDI or gpufence-runtime adds them to config.json)"
+            );
+        }
+    }
+    caps::restrict(caps::IN_NAMESPACE)?;
+    let prepared = apply::Prepared {
+        nodes,
+        mounts,
+        ldcache,
+    };
+    apply::apply_in_namespace(ns, rootfs, prepared, id)?;
+    info!(container = id, "hook enforcement complete");
+    Ok(())
+}
+
+fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
+    let p = format!("/proc/{pid}/ns/mnt");
+    nix::fcntl::open(
+        p.as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|errno| HookError::Host {
+        path: p,
+        op: "open",
+        errno,
+    })
+}
+
+/// The plan's ld cache hook (createContainer `… hook update-ldcache …`), prepared to run in
+/// the container's namespace after the mounts.
+fn ldcache_run(
+    plan: &crate::plan::Plan,
+    raw_state: &[u8],
+) -> Result<Option<apply::LdcacheRun>, HookError> {
+    let Some(h) =
+        plan.edits.hooks.iter().find(|h| {
+            h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
+        })
+    else {
+        return Ok(None);
+    };
+    let exe = nix::fcntl::open(
+        h.path.as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|errno| HookError::Host {
+        path: h.path.clone(),
+        op: "open ldcache hook",
+        errno,
+    })?;
+    Ok(Some(apply::LdcacheRun {
+        exe,
+        args: h.args.clone(),
+        env: h.env.clone(),
+        timeout_s: h.timeout.unwrap_or(10).clamp(1, 60) as u64,
+        state_json: raw_state.to_vec(),
+    }))
+}
+
+/// `gpufence hook poststop`: remove the container's state directory.
+pub fn poststop(config: Option<&Path>, stdin: &mut impl Read) -> Result<(), Exit> {
+    let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
+        .map_err(|e| Exit::invalid(e.to_string()))?;
+    #[derive(serde::Deserialize)]
+    struct Min {
+        id: String,
+    }
+    let m: Min = serde_json::from_slice(&raw)
+        .map_err(|e| Exit::invalid(format!("OCI state on stdin: invalid JSON: {e}")))?;
+    if !state::valid_id(&m.id) {
+        return Err(Exit::invalid("OCI state on stdin: invalid container id"));
+    }
+    let cfg = crate::config::Config::load(config)?;
+    crate::logging::init(&cfg);
+    let d = cfg.container_state_dir(&m.id);
+    match std::fs::remove_dir_all(&d) {
+        Ok(()) => {
+            info!(container = %m.id, path = %d.display(), "state directory removed");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Exit::env(format!(
+            "hook poststop: container {}: removing {}: {e}",
+            m.id,
+            d.display()
+        ))),
+    }
+}

@@ -1,0 +1,394 @@
+//! Applying a plan to a container that is being created, from an OCI hook.
+//!
+//! Order, and why:
+//! 1. host side, in the host's mount namespace: write the host files (quota, ld.so.preload),
+//!    clone every mount source into a detached mount tree, open the container's mount
+//!    namespace, write the cgroup rules (v1 `devices.allow`, v2 gate program);
+//! 2. a forked, single-threaded child joins the container's mount namespace (`setns` would fail
+//!    in a process with a second thread), refuses if a mount under the rootfs propagates
+//!    (shared), creates the device nodes and attaches the mounts through fds resolved inside the
+//!    rootfs, then refreshes the ld cache;
+//! 3. on any failure the parent removes what it created on the host (the container state
+//!    directory) and the hook exits non-zero, which aborts the container's creation.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::stat::SFlag;
+use tracing::{info, warn};
+
+use super::HookError;
+use super::mounts::{Attrs, Detached};
+use super::safepath::{Node, Root};
+use crate::plan::Plan;
+
+/// A validated device node to create in the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub path: String,
+    pub kind: SFlag,
+    pub major: u64,
+    pub minor: u64,
+    pub mode: u32,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// Everything prepared on the host side for the in-namespace step.
+#[derive(Debug)]
+pub struct Prepared {
+    pub nodes: Vec<NodeSpec>,
+    /// (container path, detached host source), parents before children.
+    pub mounts: Vec<(String, Detached)>,
+    /// The ld cache refresh to run after mounting (createContainer hook of the plan).
+    pub ldcache: Option<LdcacheRun>,
+}
+
+/// The plan's ldcache hook, with its binary opened before `setns`.
+#[derive(Debug)]
+pub struct LdcacheRun {
+    pub exe: OwnedFd,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub timeout_s: u64,
+    pub state_json: Vec<u8>,
+}
+
+fn dev_kind(
+    edit: &crate::cdi::DeviceNodeEdit,
+    host: Option<&nix::sys::stat::FileStat>,
+) -> Result<SFlag, HookError> {
+    let bad = |why: &str| HookError::Plan(format!("device node {}: {why}", edit.path));
+    match edit.kind.as_deref() {
+        Some("c") | Some("u") => Ok(SFlag::S_IFCHR),
+        Some("b") => Ok(SFlag::S_IFBLK),
+        Some(other) if !other.is_empty() => Err(bad("type must be c or b")),
+        _ => match host {
+            Some(st) if st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFCHR.bits() => {
+                Ok(SFlag::S_IFCHR)
+            }
+            Some(st) if st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFBLK.bits() => {
+                Ok(SFlag::S_IFBLK)
+            }
+            _ => Err(bad("no type and the host path is not a device")),
+        },
+    }
+}
+
+/// Validate the plan's device nodes (paths under `/dev`, no `..`, c/b with numbers; numbers
+/// missing from a CDI edit are taken from the host node).
+pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
+    let mut out = Vec::new();
+    for e in &plan.edits.device_nodes {
+        let comps = super::safepath::components(&e.path)?;
+        if comps.first() != Some(&"dev") || comps.len() < 2 {
+            return Err(HookError::Plan(format!(
+                "device node {:?}: must be under /dev",
+                e.path.chars().take(128).collect::<String>()
+            )));
+        }
+        let host = match &e.host_path {
+            Some(h) => {
+                super::safepath::components(h)?;
+                Some(
+                    nix::sys::stat::stat(h.as_str()).map_err(|errno| HookError::Host {
+                        path: h.clone(),
+                        op: "stat device",
+                        errno,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let kind = dev_kind(e, host.as_ref())?;
+        let (major, minor) = match (e.major, e.minor, &host) {
+            (Some(ma), Some(mi), _) if ma >= 0 && mi >= 0 => (ma as u64, mi as u64),
+            (None, None, Some(st)) => (
+                nix::sys::stat::major(st.st_rdev),
+                nix::sys::stat::minor(st.st_rdev),
+            ),
+            _ => {
+                return Err(HookError::Plan(format!(
+                    "device node {}: invalid or missing major/minor",
+                    e.path
+                )));
+            }
+        };
+        let mode = e.file_mode.unwrap_or(0o666) & 0o777;
+        out.push(NodeSpec {
+            path: e.path.clone(),
+            kind,
+            major,
+            minor,
+            mode,
+            uid: e.uid,
+            gid: e.gid,
+        });
+    }
+    Ok(out)
+}
+
+/// Validate and clone the plan's mount sources (host side). Mounts are ordered by container
+/// path depth so that `/run/gpufence` is attached before `/run/gpufence/quota`.
+pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
+    let mut edits: Vec<&crate::cdi::MountEdit> = plan.edits.mounts.iter().collect();
+    edits.sort_by_key(|m| {
+        super::safepath::components(&m.container_path)
+            .map(|c| c.len())
+            .unwrap_or(0)
+    });
+    let mut out = Vec::new();
+    for m in edits {
+        let comps = super::safepath::components(&m.container_path)?;
+        if comps.is_empty() {
+            return Err(HookError::Plan("a mount onto / is not allowed".into()));
+        }
+        super::safepath::components(&m.host_path)?;
+        let attrs = Attrs::parse(&m.container_path, m.kind.as_deref(), &m.options)?;
+        let d = super::mounts::detach(Path::new(&m.host_path), attrs)?;
+        out.push((m.container_path.clone(), d));
+    }
+    Ok(out)
+}
+
+/// The in-namespace step: device nodes and mounts inside `root`.
+pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError> {
+    // Modes are exact, not masked.
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    for n in &p.nodes {
+        let fd = root.ensure(&n.path, Node::Device(n.kind, n.major, n.minor, n.mode))?;
+        if n.uid.is_some() || n.gid.is_some() {
+            nix::unistd::fchownat(
+                &fd,
+                "",
+                n.uid.map(nix::unistd::Uid::from_raw),
+                n.gid.map(nix::unistd::Gid::from_raw),
+                nix::fcntl::AtFlags::AT_EMPTY_PATH,
+            )
+            .map_err(|errno| HookError::Host {
+                path: n.path.clone(),
+                op: "chown device node",
+                errno,
+            })?;
+        }
+        info!(container = id, path = %n.path, major = n.major, minor = n.minor, "device node created");
+    }
+    for (target, d) in p.mounts {
+        let node = if d.is_dir { Node::Dir } else { Node::File };
+        let fd = root.ensure(&target, node)?;
+        let src = d.host_path.clone();
+        d.attach(&fd, &target)?;
+        info!(container = id, source = %src, target = %target, "bind mount attached");
+    }
+    Ok(())
+}
+
+/// Run the ldcache refresh as the runtime would run a createContainer hook: in the container's
+/// mount namespace, cwd at the rootfs, with the hook's own env only, state JSON on stdin.
+fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let exe = format!("/proc/self/fd/{}", l.exe.as_raw_fd());
+    let mut cmd = Command::new(&exe);
+    if let Some((arg0, rest)) = l.args.split_first() {
+        std::os::unix::process::CommandExt::arg0(&mut cmd, arg0);
+        cmd.args(rest);
+    }
+    cmd.env_clear()
+        .envs(l.env.iter().filter_map(|kv| kv.split_once('=')))
+        .current_dir(rootfs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let err = |why: String| HookError::Ldcache(why);
+    let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(&l.state_json);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(l.timeout_s);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut msg = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = (&mut e).take(4096).read_to_string(&mut msg);
+                }
+                if status.success() {
+                    info!(container = id, "ld cache refreshed");
+                    return Ok(());
+                }
+                return Err(err(format!("{status}: {}", msg.trim())));
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(format!("timed out after {}s", l.timeout_s)));
+            }
+            Err(e) => return Err(err(format!("wait: {e}"))),
+        }
+    }
+}
+
+/// Fork a single-threaded child that joins the mount namespace `ns`, refuses shared mounts
+/// under `rootfs`, applies `p` and refreshes the ld cache. Returns the child's error line.
+pub fn apply_in_namespace(
+    ns: OwnedFd,
+    rootfs: &Path,
+    p: Prepared,
+    id: &str,
+) -> Result<(), HookError> {
+    let (rd, wr) = nix::unistd::pipe().map_err(|errno| HookError::Host {
+        path: "pipe".into(),
+        op: "pipe",
+        errno,
+    })?;
+    // SAFETY: the hook is single-threaded (no thread is ever spawned before this point), so the
+    // child may run arbitrary code; it leaves with _exit.
+    match unsafe { nix::unistd::fork() } {
+        Err(errno) => Err(HookError::Host {
+            path: "fork".into(),
+            op: "fork",
+            errno,
+        }),
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(rd);
+            let r = child_body(ns, rootfs, p, id);
+            let code = match r {
+                Ok(()) => 0,
+                Err(e) => {
+                    let mut f = std::fs::File::from(wr);
+                    let _ = std::io::Write::write_all(&mut f, e.to_string().as_bytes());
+                    1
+                }
+            };
+            // SAFETY: leave the forked child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(wr);
+            drop(p);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(rd)
+                .take(64 * 1024)
+                .read_to_string(&mut msg);
+            let status = nix::sys::wait::waitpid(child, None).map_err(|errno| HookError::Host {
+                path: "waitpid".into(),
+                op: "waitpid",
+                errno,
+            })?;
+            match status {
+                nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
+                other => Err(HookError::Namespace(if msg.is_empty() {
+                    format!("namespace worker ended with {other:?}")
+                } else {
+                    msg
+                })),
+            }
+        }
+    }
+}
+
+fn child_body(ns: OwnedFd, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
+    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|errno| {
+        HookError::Host {
+            path: "container mount namespace".into(),
+            op: "setns",
+            errno,
+        }
+    })?;
+    drop(ns);
+    super::caps::restrict(super::caps::IN_NAMESPACE)?;
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HookError::Host {
+        path: "/proc/self/mountinfo".into(),
+        op: "read",
+        errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    })?;
+    let shared = super::mounts::shared_mounts_under(&mi, rootfs);
+    if !shared.is_empty() {
+        return Err(HookError::Plan(format!(
+            "mounts under the rootfs propagate to other namespaces (shared: {}); refusing to mount",
+            shared.join(", ")
+        )));
+    }
+    let root = Root::open(rootfs)?;
+    let ldcache = p.ldcache;
+    apply_in_root(
+        &root,
+        Prepared {
+            nodes: p.nodes,
+            mounts: p.mounts,
+            ldcache: None,
+        },
+        id,
+    )?;
+    if let Some(l) = ldcache {
+        super::caps::restrict(super::caps::LDCACHE)?;
+        run_ldcache(&l, rootfs, id)?;
+    }
+    Ok(())
+}
+
+/// Host files of the plan: written atomically, only under `state-dir`.
+pub fn write_host_files(plan: &Plan, state_dir: &Path) -> Result<(), HookError> {
+    for f in &plan.host_files {
+        let path = PathBuf::from(&f.path);
+        super::safepath::components(&f.path)?;
+        if !path.starts_with(state_dir) {
+            return Err(HookError::Plan(format!(
+                "host file {} is outside state-dir {}",
+                f.path,
+                state_dir.display()
+            )));
+        }
+        let dir = path.parent().unwrap_or(state_dir);
+        std::fs::create_dir_all(dir).map_err(|e| io_host(dir, "mkdir", &e))?;
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&tmp);
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut o = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(f.mode & 0o777)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .map_err(|e| io_host(&tmp, "create", &e))?;
+            o.write_all(f.contents.as_bytes())
+                .map_err(|e| io_host(&tmp, "write", &e))?;
+            std::fs::set_permissions(
+                &tmp,
+                std::os::unix::fs::PermissionsExt::from_mode(f.mode & 0o777),
+            )
+            .map_err(|e| io_host(&tmp, "chmod", &e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io_host(&path, "rename", &e))?;
+    }
+    Ok(())
+}
+
+fn io_host(p: &Path, op: &'static str, e: &std::io::Error) -> HookError {
+    HookError::Host {
+        path: p.display().to_string(),
+        op,
+        errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// Log what cannot be applied at this stage.
+pub fn log_unapplied(plan: &Plan, id: &str) {
+    for e in &plan.edits.env {
+        info!(container = id, env = %e, "env edit not applied in hook mode (the shim reads the quota file)");
+    }
+    for e in &plan.env_overrides {
+        warn!(container = id, env = %e, "env override cannot be applied in hook mode");
+    }
+}

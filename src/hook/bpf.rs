@@ -1,0 +1,390 @@
+//! cgroup v2 device gate: a `BPF_PROG_TYPE_CGROUP_DEVICE` program assembled by hand and attached
+//! with `BPF_F_ALLOW_MULTI` next to the runtime's own program.
+//!
+//! With multi-attach every attached program must allow an access, so this program cannot widen
+//! what the runtime allows; it narrows. It allows everything except GPU-class character devices
+//! (the "gated" majors: 195 and the dynamic `nvidia-*` majors), and among those only the granted
+//! nodes with the granted access. On its own it therefore denies a GPU that was not granted and
+//! allows a granted one, whatever the runtime's rules say.
+//!
+//! Program (registers as the verifier sees them, `r1` = `struct bpf_cgroup_dev_ctx *`):
+//! ```text
+//!   r2 = ctx->access_type & 0xffff      ; BPF_DEVCG_DEV_CHAR = 2, BLOCK = 1
+//!   r5 = ctx->access_type >> 16         ; MKNOD = 1, READ = 2, WRITE = 4
+//!   r3 = ctx->major ; r4 = ctx->minor
+//!   for each granted (type, major, minor, access):
+//!       if r2 == type && r3 == major && r4 == minor && (r5 & ~access) == 0: return 1
+//!   if r2 != CHAR: return 1
+//!   for each gated major G: if r3 == G: return 0
+//!   return 1
+//! ```
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `struct bpf_insn`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Insn {
+    pub code: u8,
+    /// dst_reg (low nibble) | src_reg (high nibble).
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+const BPF_LDX_MEM_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+const BPF_ALU64_AND_K: u8 = 0x57;
+const BPF_ALU64_RSH_K: u8 = 0x77;
+const BPF_ALU64_MOV_K: u8 = 0xb7;
+const BPF_ALU64_MOV_X: u8 = 0xbf;
+const BPF_JMP_JNE_K: u8 = 0x55;
+const BPF_JMP_JEQ_K: u8 = 0x15;
+const BPF_JMP_EXIT: u8 = 0x95;
+
+/// `BPF_DEVCG_DEV_BLOCK` / `BPF_DEVCG_DEV_CHAR`.
+pub const DEV_BLOCK: i32 = 1;
+pub const DEV_CHAR: i32 = 2;
+/// `BPF_DEVCG_ACC_*`.
+pub const ACC_MKNOD: i32 = 1;
+pub const ACC_READ: i32 = 2;
+pub const ACC_WRITE: i32 = 4;
+
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: (dst & 0x0f) | ((src & 0x0f) << 4),
+        off,
+        imm,
+    }
+}
+
+/// One granted device for the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    /// `DEV_CHAR` or `DEV_BLOCK`.
+    pub dev_type: i32,
+    pub major: u32,
+    pub minor: u32,
+    /// Bit set of `ACC_*`.
+    pub access: i32,
+}
+
+impl Grant {
+    /// From a cgroup rule (`c 195:0 rw`).
+    pub fn from_rule(r: &crate::plan::CgroupRule) -> Option<Grant> {
+        let dev_type = match r.kind {
+            'c' => DEV_CHAR,
+            'b' => DEV_BLOCK,
+            _ => return None,
+        };
+        let mut access = 0;
+        for ch in r.access.chars() {
+            access |= match ch {
+                'r' => ACC_READ,
+                'w' => ACC_WRITE,
+                'm' => ACC_MKNOD,
+                _ => return None,
+            };
+        }
+        Some(Grant {
+            dev_type,
+            major: r.major,
+            minor: r.minor,
+            access,
+        })
+    }
+}
+
+/// Assemble the gate program. `gated_majors` are the character-device majors only granted
+/// nodes may use.
+pub fn build_program(grants: &[Grant], gated_majors: &[u32]) -> Vec<Insn> {
+    let mut p = vec![
+        insn(BPF_LDX_MEM_W, 2, 1, 0, 0),
+        insn(BPF_ALU64_AND_K, 2, 0, 0, 0xffff),
+        insn(BPF_LDX_MEM_W, 5, 1, 0, 0),
+        insn(BPF_ALU64_RSH_K, 5, 0, 0, 16),
+        insn(BPF_LDX_MEM_W, 3, 1, 4, 0),
+        insn(BPF_LDX_MEM_W, 4, 1, 8, 0),
+    ];
+    for g in grants {
+        // 8-instruction block; a failed test jumps to the instruction after the block.
+        const L: i16 = 8;
+        p.extend([
+            insn(BPF_JMP_JNE_K, 2, 0, L - 1, g.dev_type),
+            insn(BPF_JMP_JNE_K, 3, 0, L - 2, g.major as i32),
+            insn(BPF_JMP_JNE_K, 4, 0, L - 3, g.minor as i32),
+            insn(BPF_ALU64_MOV_X, 6, 5, 0, 0),
+            insn(BPF_ALU64_AND_K, 6, 0, 0, !g.access & 0x7),
+            insn(BPF_JMP_JNE_K, 6, 0, L - 6, 0),
+            insn(BPF_ALU64_MOV_K, 0, 0, 0, 1),
+            insn(BPF_JMP_EXIT, 0, 0, 0, 0),
+        ]);
+    }
+    let mut majors: Vec<u32> = gated_majors.to_vec();
+    majors.sort_unstable();
+    majors.dedup();
+    let n = majors.len() as i16;
+    // if type != CHAR: jump to "allow" (skip the n major tests).
+    p.push(insn(BPF_JMP_JNE_K, 2, 0, n, DEV_CHAR));
+    for (i, m) in majors.iter().enumerate() {
+        // jump to "deny": past the remaining tests and the 2-instruction allow block.
+        let remaining = n - 1 - i as i16;
+        p.push(insn(BPF_JMP_JEQ_K, 3, 0, remaining + 2, *m as i32));
+    }
+    p.extend([
+        insn(BPF_ALU64_MOV_K, 0, 0, 0, 1),
+        insn(BPF_JMP_EXIT, 0, 0, 0, 0),
+        insn(BPF_ALU64_MOV_K, 0, 0, 0, 0),
+        insn(BPF_JMP_EXIT, 0, 0, 0, 0),
+    ]);
+    p
+}
+
+/// Interpret the program for one access (the tests use this to check the assembly).
+pub fn evaluate(prog: &[Insn], dev_type: i32, access: i32, major: u32, minor: u32) -> Option<u64> {
+    let ctx = [((access as u32) << 16) | dev_type as u32, major, minor];
+    let mut r = [0u64; 11];
+    let mut pc = 0usize;
+    for _ in 0..10_000 {
+        let i = prog.get(pc)?;
+        let dst = (i.regs & 0x0f) as usize;
+        let src = (i.regs >> 4) as usize;
+        let mut next = pc + 1;
+        match i.code {
+            BPF_LDX_MEM_W => r[dst] = u64::from(*ctx.get((i.off / 4) as usize)?),
+            BPF_ALU64_AND_K => r[dst] &= i.imm as i64 as u64,
+            BPF_ALU64_RSH_K => r[dst] >>= i.imm,
+            BPF_ALU64_MOV_K => r[dst] = i.imm as i64 as u64,
+            BPF_ALU64_MOV_X => r[dst] = r[src],
+            BPF_JMP_JNE_K | BPF_JMP_JEQ_K => {
+                let eq = r[dst] == i.imm as i64 as u64;
+                if eq == (i.code == BPF_JMP_JEQ_K) {
+                    next = (pc as i64 + 1 + i64::from(i.off)) as usize;
+                }
+            }
+            BPF_JMP_EXIT => return Some(r[0]),
+            _ => return None,
+        }
+        pc = next;
+    }
+    None
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("loading the cgroup device program: {source}{}", if log.is_empty() { String::new() } else { format!(" (verifier: {log})") })]
+    Load { source: std::io::Error, log: String },
+    #[error("attaching the device program to cgroup {cgroup}: {source}")]
+    Attach {
+        cgroup: String,
+        source: std::io::Error,
+    },
+    #[error("querying device programs of cgroup {cgroup}: {source}")]
+    Query {
+        cgroup: String,
+        source: std::io::Error,
+    },
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
+const BPF_CGROUP_DEVICE: u32 = 6;
+const BPF_F_ALLOW_MULTI: u32 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgAttachAttr {
+    target_fd: u32,
+    attach_bpf_fd: u32,
+    attach_type: u32,
+    attach_flags: u32,
+    replace_bpf_fd: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgQueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+}
+
+fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
+    // SAFETY: attr is a live, properly sized repr(C) bpf_attr prefix; the kernel reads/writes at
+    // most size_of::<T>() bytes of it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T as *mut libc::c_void,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Load the program; returns its fd.
+pub fn load(prog: &[Insn]) -> Result<OwnedFd, BpfError> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 64 * 1024];
+    let mut name = [0u8; 16];
+    name[..11].copy_from_slice(b"gpufence_gt");
+    let mut attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
+        insn_cnt: prog.len() as u32,
+        insns: prog.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        prog_name: name,
+        ..Default::default()
+    };
+    match sys_bpf(BPF_PROG_LOAD, &mut attr) {
+        // SAFETY: a successful BPF_PROG_LOAD returns a new fd we own.
+        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
+        Err(source) => {
+            let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let last = text.lines().rev().take(2).collect::<Vec<_>>().join(" / ");
+            Err(BpfError::Load { source, log: last })
+        }
+    }
+}
+
+/// Attach `prog` to the cgroup directory `cgroup_fd` with `BPF_F_ALLOW_MULTI`.
+pub fn attach(prog: &OwnedFd, cgroup_fd: &OwnedFd, cgroup: &str) -> Result<(), BpfError> {
+    let mut attr = ProgAttachAttr {
+        target_fd: cgroup_fd.as_raw_fd() as u32,
+        attach_bpf_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_DEVICE,
+        attach_flags: BPF_F_ALLOW_MULTI,
+        replace_bpf_fd: 0,
+    };
+    sys_bpf(BPF_PROG_ATTACH, &mut attr)
+        .map(drop)
+        .map_err(|source| BpfError::Attach {
+            cgroup: cgroup.to_string(),
+            source,
+        })
+}
+
+/// Ids of the device programs attached to a cgroup (effective ones are not included).
+pub fn query(cgroup_fd: &OwnedFd, cgroup: &str) -> Result<Vec<u32>, BpfError> {
+    let mut ids = vec![0u32; 64];
+    let mut attr = ProgQueryAttr {
+        target_fd: cgroup_fd.as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_DEVICE,
+        prog_ids: ids.as_mut_ptr() as u64,
+        prog_cnt: ids.len() as u32,
+        ..Default::default()
+    };
+    sys_bpf(BPF_PROG_QUERY, &mut attr).map_err(|source| BpfError::Query {
+        cgroup: cgroup.to_string(),
+        source,
+    })?;
+    ids.truncate(attr.prog_cnt.min(64) as usize);
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(major: u32, minor: u32) -> Grant {
+        Grant {
+            dev_type: DEV_CHAR,
+            major,
+            minor,
+            access: ACC_READ | ACC_WRITE,
+        }
+    }
+
+    #[test]
+    fn gate_allows_granted_denies_other_gpus_allows_rest() {
+        let p = build_program(&[g(195, 0), g(195, 255), g(508, 0)], &[195, 508, 509]);
+        let rw = ACC_READ | ACC_WRITE;
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 195, 0), Some(1));
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 195, 0), Some(1));
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 195, 255), Some(1));
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 508, 0), Some(1));
+        // not granted: another GPU, mknod of the granted one, uvm-tools, a caps node
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 195, 1), Some(0));
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_MKNOD, 195, 0), Some(0));
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 508, 1), Some(0));
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 509, 3), Some(0));
+        // everything else is left to the runtime's rules
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 1, 3), Some(1));
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_MKNOD, 5, 1), Some(1));
+        assert_eq!(evaluate(&p, DEV_BLOCK, rw, 195, 1), Some(1));
+    }
+
+    #[test]
+    fn no_grants_denies_every_gated_major() {
+        let p = build_program(&[], &[195]);
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 195, 0), Some(0));
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 10, 200), Some(1));
+        let p = build_program(&[], &[]);
+        assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 195, 0), Some(1));
+    }
+
+    #[test]
+    fn grant_from_rule() {
+        let r = crate::plan::CgroupRule {
+            kind: 'c',
+            major: 195,
+            minor: 3,
+            access: "rw".into(),
+        };
+        assert_eq!(Grant::from_rule(&r), Some(g(195, 3)));
+        let bad = crate::plan::CgroupRule {
+            access: "rx".into(),
+            ..r
+        };
+        assert_eq!(Grant::from_rule(&bad), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn program_matches_model(
+            grants in proptest::collection::vec((0u32..4, 0u32..4, 1i32..8), 0..6),
+            gated in proptest::collection::vec(0u32..6, 0..4),
+            t in 1i32..3, acc in 1i32..8, major in 0u32..6, minor in 0u32..4,
+        ) {
+            let grants: Vec<Grant> = grants.into_iter().map(|(ma, mi, a)| Grant {
+                dev_type: DEV_CHAR, major: ma, minor: mi, access: a }).collect();
+            let p = build_program(&grants, &gated);
+            let granted = grants.iter().any(|g| g.dev_type == t && g.major == major
+                && g.minor == minor && (acc & !g.access) == 0);
+            let want = if granted || t != DEV_CHAR || !gated.contains(&major) { 1 } else { 0 };
+            proptest::prop_assert_eq!(evaluate(&p, t, acc, major, minor), Some(want));
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `gpufence hook install --dir DIR`: the hooks.d drop-ins (OCI hooks schema 1.0.0, read by
+//! podman and CRI-O).
+//!
+//! `gpufence.json` runs `gpufence hook prestart` for containers carrying an annotation of an
+//! enabled annotation dialect; where the node trusts an env-based dialect, it matches every
+//! container instead (`when.always`), since the allocation may then be in the env.
+//! `gpufence-poststop.json` removes the container's state directory after it stopped.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::config::{Config, Dialect};
+
+/// Hook file names written by `install`.
+pub const PRESTART_FILE: &str = "gpufence.json";
+pub const POSTSTOP_FILE: &str = "gpufence-poststop.json";
+
+/// Annotation key patterns (Go RE2 syntax) of the annotation dialects.
+pub fn annotation_patterns(cfg: &Config) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg.allocation.enabled(Dialect::Gpufence) {
+        v.push(r"^gpufence\.dev/.+$");
+    }
+    if cfg.allocation.enabled(Dialect::Cdi) {
+        v.push(r"^cdi\.k8s\.io/.+$");
+    }
+    v
+}
+
+/// `when` of the drop-ins: `always` if an env dialect is honoured, else the annotation keys.
+/// `None`: no dialect enabled, nothing to install.
+pub fn when(cfg: &Config) -> Option<Value> {
+    if Dialect::ALL
+        .iter()
+        .any(|d| d.is_env_based() && cfg.allocation.honours(*d))
+    {
+        return Some(json!({ "always": true }));
+    }
+    let pats = annotation_patterns(cfg);
+    if pats.is_empty() {
+        return None;
+    }
+    let map: serde_json::Map<String, Value> = pats
+        .into_iter()
+        .map(|p| (p.to_string(), Value::String(".*".into())))
+        .collect();
+    Some(json!({ "annotations": map }))
+}
+
+/// One drop-in.
+pub fn hook_json(
+    binary: &Path,
+    config: Option<&Path>,
+    subcommand: &str,
+    stage: &str,
+    when: &Value,
+) -> Value {
+    let mut args = vec!["gpufence".to_string()];
+    if let Some(c) = config {
+        args.push("--config".into());
+        args.push(c.display().to_string());
+    }
+    args.extend(["hook".to_string(), subcommand.to_string()]);
+    json!({
+        "version": "1.0.0",
+        "hook": {
+            "path": binary.display().to_string(),
+            "args": args,
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+            "timeout": 30
+        },
+        "when": when,
+        "stages": [stage]
+    })
+}
+
+/// The drop-ins for this configuration: (file name, contents). Empty when no dialect is enabled.
+pub fn drop_ins(
+    cfg: &Config,
+    binary: &Path,
+    config: Option<&Path>,
+    stage: super::Stage,
+) -> Vec<(&'static str, Value)> {
+    let Some(w) = when(cfg) else {
+        return Vec::new();
+    };
+    let sub = match stage {
+        super::Stage::Prestart => "prestart",
+        super::Stage::CreateRuntime => "create-runtime",
+    };
+    vec![
+        (
+            PRESTART_FILE,
+            hook_json(binary, config, sub, stage.name(), &w),
+        ),
+        (
+            POSTSTOP_FILE,
+            hook_json(binary, config, "poststop", "poststop", &w),
+        ),
+    ]
+}
+
+/// Write the drop-ins into `dir` atomically; returns the paths written.
+pub fn install(
+    cfg: &Config,
+    dir: &Path,
+    binary: &Path,
+    config: Option<&Path>,
+    stage: super::Stage,
+) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let files = drop_ins(cfg, binary, config, stage);
+    for name in [PRESTART_FILE, POSTSTOP_FILE] {
+        let path = dir.join(name);
+        match files.iter().find(|(n, _)| *n == name) {
+            Some((_, v)) => {
+                let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+                std::fs::write(&tmp, format!("{}\n", serde_json::to_string_pretty(v)?))?;
+                std::fs::rename(&tmp, &path)?;
+                written.push(path);
+            }
+            None => match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            },
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotation_match_by_default_always_when_env_trusted() {
+        let cfg = Config::default();
+        let w = when(&cfg).unwrap();
+        let keys: Vec<&String> = w["annotations"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, [r"^gpufence\.dev/.+$", r"^cdi\.k8s\.io/.+$"]);
+        let mut cfg = Config::default();
+        cfg.allocation.trust_env = crate::config::TrustEnv::Dialects(vec![Dialect::Hami]);
+        assert_eq!(when(&cfg).unwrap(), json!({"always": true}));
+        cfg.allocation.dialects = vec![Dialect::Gpufence];
+        assert!(when(&cfg).unwrap().get("annotations").is_some());
+        cfg.allocation.dialects = vec![];
+        assert!(when(&cfg).is_none());
+    }
+
+    #[test]
+    fn install_writes_binary_and_config() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config::default();
+        let w = install(
+            &cfg,
+            d.path(),
+            Path::new("/opt/gf/bin/gpufence"),
+            Some(Path::new("/etc/gf.toml")),
+            super::super::Stage::Prestart,
+        )
+        .unwrap();
+        assert_eq!(w.len(), 2);
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.path().join(PRESTART_FILE)).unwrap())
+                .unwrap();
+        assert_eq!(v["version"], "1.0.0");
+        assert_eq!(v["hook"]["path"], "/opt/gf/bin/gpufence");
+        assert_eq!(
+            v["hook"]["args"],
+            json!(["gpufence", "--config", "/etc/gf.toml", "hook", "prestart"])
+        );
+        assert_eq!(v["stages"], json!(["prestart"]));
+        let p: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.path().join(POSTSTOP_FILE)).unwrap())
+                .unwrap();
+        assert_eq!(p["stages"], json!(["poststop"]));
+    }
+}
