@@ -60,12 +60,13 @@ impl Ns {
             .args(["--mount", "--propagation", propagation, "sleep", "120"])
             .spawn()
             .expect("unshare");
+        let ns = Ns { child };
         let me = std::fs::read_link("/proc/self/ns/mnt").unwrap();
         for _ in 0..200 {
-            if let Ok(l) = std::fs::read_link(format!("/proc/{}/ns/mnt", child.id()))
+            if let Ok(l) = std::fs::read_link(format!("/proc/{}/ns/mnt", ns.child.id()))
                 && l != me
             {
-                return Ns { child };
+                return ns;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
