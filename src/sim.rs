@@ -104,7 +104,11 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
-    pub fn new(gpus: u32, mig_gpu: Option<&str>, memory_mib: Option<u64>) -> Result<Self, SimError> {
+    pub fn new(
+        gpus: u32,
+        mig_gpu: Option<&str>,
+        memory_mib: Option<u64>,
+    ) -> Result<Self, SimError> {
         let mut mig = vec![false; gpus as usize];
         if let Some(sel) = mig_gpu {
             if sel.trim() == "all" {
@@ -115,7 +119,8 @@ impl NodeSpec {
                         .trim()
                         .parse()
                         .map_err(|_| SimError::MigGpu(sel.to_string()))?;
-                    *mig.get_mut(i).ok_or_else(|| SimError::MigGpu(sel.to_string()))? = true;
+                    *mig.get_mut(i)
+                        .ok_or_else(|| SimError::MigGpu(sel.to_string()))? = true;
                 }
             }
         }
@@ -128,7 +133,12 @@ impl NodeSpec {
 }
 
 pub fn gpu_uuid(i: u32) -> String {
-    format!("GPU-{:08x}-{:04x}-4f1e-9a3c-{:012x}", 0x6f7a_3c00 + i, 0x5e10 + i, 0x00d1_5ca1_ab1e_u64 + u64::from(i))
+    format!(
+        "GPU-{:08x}-{:04x}-4f1e-9a3c-{:012x}",
+        0x6f7a_3c00 + i,
+        0x5e10 + i,
+        0x00d1_5ca1_ab1e_u64 + u64::from(i)
+    )
 }
 
 pub fn mig_uuid(gpu: u32, j: u32) -> String {
@@ -177,7 +187,10 @@ pub fn node_json(spec: &NodeSpec, dev_root: &Path) -> serde_json::Value {
 
 /// Stand-in driver libraries: (file stem, soname); all get the `.so.<ver>` suffix.
 pub const STANDIN_LIBS: &[(&str, &str)] = &[
-    ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+    (
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-ptxjitcompiler.so.1",
+    ),
     ("libnvidia-nvvm.so", "libnvidia-nvvm.so.4"),
     ("libnvidia-cfg.so", "libnvidia-cfg.so.1"),
     ("libnvidia-encode.so", "libnvidia-encode.so.1"),
@@ -282,7 +295,9 @@ pub fn build_node(dir: &Path, spec: &NodeSpec, art: &Artifacts) -> Result<PathBu
              GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n"
         ),
     )?;
-    let access = |minor: u32| format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n");
+    let access = |minor: u32| {
+        format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    };
     let capdir = procdrv.join("capabilities");
     write(&capdir.join("mig/config"), access(1))?;
     write(&capdir.join("mig/monitor"), access(2))?;
@@ -311,8 +326,15 @@ pub fn build_node(dir: &Path, spec: &NodeSpec, art: &Artifacts) -> Result<PathBu
     let lib = driver.join(LIB_DIR);
     std::fs::create_dir_all(&lib).map_err(io(&lib))?;
     let v = DRIVER_VERSION;
-    install(&art.mock_nvml, &lib.join(format!("libnvidia-ml.so.{v}")), 0o755)?;
-    symlink(&format!("libnvidia-ml.so.{v}"), &lib.join("libnvidia-ml.so.1"))?;
+    install(
+        &art.mock_nvml,
+        &lib.join(format!("libnvidia-ml.so.{v}")),
+        0o755,
+    )?;
+    symlink(
+        &format!("libnvidia-ml.so.{v}"),
+        &lib.join("libnvidia-ml.so.1"),
+    )?;
     install(&art.mock_cuda, &lib.join(format!("libcuda.so.{v}")), 0o755)?;
     symlink(&format!("libcuda.so.{v}"), &lib.join("libcuda.so.1"))?;
     symlink("libcuda.so.1", &lib.join("libcuda.so"))?;
@@ -385,9 +407,10 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             mig_gpu,
             memory_mib,
         } => {
-            let spec = NodeSpec::new(gpus, mig_gpu.as_deref(), memory_mib)
-                .map_err(Exit::invalid)?;
-            let exe = std::env::current_exe().map_err(|e| Exit::env(format!("current_exe: {e}")))?;
+            let spec =
+                NodeSpec::new(gpus, mig_gpu.as_deref(), memory_mib).map_err(Exit::invalid)?;
+            let exe =
+                std::env::current_exe().map_err(|e| Exit::env(format!("current_exe: {e}")))?;
             let art = Artifacts::beside(exe.parent().unwrap_or(Path::new("/")));
             let cfg = build_node(&dir, &spec, &art).map_err(|e| match e {
                 SimError::MigGpu(_) => Exit::invalid(e),
@@ -405,9 +428,18 @@ mod tests {
 
     #[test]
     fn mig_selection() {
-        assert_eq!(NodeSpec::new(4, Some("1"), None).unwrap().mig, [false, true, false, false]);
-        assert_eq!(NodeSpec::new(2, Some("all"), None).unwrap().mig, [true, true]);
-        assert_eq!(NodeSpec::new(3, Some("0,2"), None).unwrap().mig, [true, false, true]);
+        assert_eq!(
+            NodeSpec::new(4, Some("1"), None).unwrap().mig,
+            [false, true, false, false]
+        );
+        assert_eq!(
+            NodeSpec::new(2, Some("all"), None).unwrap().mig,
+            [true, true]
+        );
+        assert_eq!(
+            NodeSpec::new(3, Some("0,2"), None).unwrap().mig,
+            [true, false, true]
+        );
         assert!(NodeSpec::new(2, Some("2"), None).is_err());
         assert!(NodeSpec::new(2, Some("x"), None).is_err());
     }
@@ -420,12 +452,18 @@ mod tests {
         assert_eq!(ids, sorted);
         let uuids: std::collections::HashSet<_> = (0..16).map(gpu_uuid).collect();
         assert_eq!(uuids.len(), 16);
-        let node = node_json(&NodeSpec::new(2, Some("1"), Some(1024)).unwrap(), Path::new("/x"));
+        let node = node_json(
+            &NodeSpec::new(2, Some("1"), Some(1024)).unwrap(),
+            Path::new("/x"),
+        );
         // The mocks' strict parser (deny_unknown_fields) accepts what the sim writes.
         let parsed = gpufence_mock_node::parse(&node.to_string()).unwrap();
         assert_eq!(parsed.gpus[1].mig.len(), 7);
-        assert_eq!(parsed.gpus[0].mig_mode(), gpufence_mock_node::MigMode::Disabled);
+        assert_eq!(
+            parsed.gpus[0].mig_mode(),
+            gpufence_mock_node::MigMode::Disabled
+        );
         assert_eq!(parsed.gpus[1].mig[6].gi, 13);
         assert_eq!(parsed.dev_root.as_deref(), Some("/x"));
-}
+    }
 }

@@ -126,7 +126,11 @@ pub fn minimum_version(spec: &Spec) -> &'static str {
         need((0, 6, 0));
     }
     // A dot in the kind's name segment (`vendor/cl.ass`) needs 0.6.0.
-    if spec.kind.split_once('/').is_some_and(|(_, c)| c.contains('.')) {
+    if spec
+        .kind
+        .split_once('/')
+        .is_some_and(|(_, c)| c.contains('.'))
+    {
         need((0, 6, 0));
     }
     if spec.devices.iter().any(|d| starts_with_digit(&d.name)) {
@@ -239,10 +243,13 @@ mod tests {
         assert_eq!(minimum_version(&s), "0.4.0");
         s.devices[0].name = "0".into();
         assert_eq!(minimum_version(&s), "0.5.0");
-        s.devices[0].container_edits.device_nodes.push(DeviceNodeEdit {
-            path: "/dev/x".into(),
-            ..DeviceNodeEdit::default()
-        });
+        s.devices[0]
+            .container_edits
+            .device_nodes
+            .push(DeviceNodeEdit {
+                path: "/dev/x".into(),
+                ..DeviceNodeEdit::default()
+            });
         assert_eq!(minimum_version(&s), "0.5.0");
         s.annotations = Some(Default::default());
         assert_eq!(minimum_version(&s), "0.6.0");

@@ -50,7 +50,12 @@ pub fn cache_key(cfg: &Config) -> Result<CacheKey, InventoryError> {
     let driver_version_line = match std::fs::read_to_string(&vpath) {
         Ok(t) => t.lines().next().unwrap_or_default().to_string(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(source) => return Err(InventoryError::Io { path: vpath, source }),
+        Err(source) => {
+            return Err(InventoryError::Io {
+                path: vpath,
+                source,
+            });
+        }
     };
     let mut device_nodes = Vec::new();
     for (dir, prefix) in [("/dev", ""), ("/dev/nvidia-caps", "nvidia-caps/")] {

@@ -104,7 +104,11 @@ pub fn render(inv: &Inventory) -> String {
     }
     let _ = writeln!(s, "Driver files:");
     for cap in Capability::ALL {
-        let files: Vec<_> = inv.driver_files.iter().filter(|f| f.capability == cap).collect();
+        let files: Vec<_> = inv
+            .driver_files
+            .iter()
+            .filter(|f| f.capability == cap)
+            .collect();
         if files.is_empty() {
             continue;
         }

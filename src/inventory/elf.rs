@@ -57,7 +57,8 @@ pub fn soname(path: &Path) -> Option<String> {
     let mut dynamic = None;
     for i in 0..phnum {
         let p = &ph[i * phentsize..(i + 1) * phentsize];
-        let (kind, off, vaddr, filesz) = (u32_at(p, 0)?, u64_at(p, 8)?, u64_at(p, 16)?, u64_at(p, 32)?);
+        let (kind, off, vaddr, filesz) =
+            (u32_at(p, 0)?, u64_at(p, 8)?, u64_at(p, 16)?, u64_at(p, 32)?);
         match kind {
             PT_LOAD => loads.push((vaddr, off, filesz)),
             PT_DYNAMIC => dynamic = Some((off, filesz)),
@@ -78,9 +79,9 @@ pub fn soname(path: &Path) -> Option<String> {
     }
     let (strtab, soname) = (strtab?, soname?);
     // Virtual address of the string table → file offset through the PT_LOAD that maps it.
-    let str_off = loads.iter().find_map(|&(va, off, sz)| {
-        (strtab >= va && strtab < va + sz).then(|| strtab - va + off)
-    })?;
+    let str_off = loads
+        .iter()
+        .find_map(|&(va, off, sz)| (strtab >= va && strtab < va + sz).then(|| strtab - va + off))?;
     let name = read_exact_at(&f, 256, str_off + soname).or_else(|| {
         // Short file tail: read what there is.
         let len = f.metadata().ok()?.len().checked_sub(str_off + soname)?;

@@ -86,9 +86,17 @@ use Capability::{Compute, Graphics, Ngx, Utility, Video};
 const LIBS: &[Lib] = &[
     lib("libcuda.so", Compute, Some("libcuda.so.1")),
     lib("libcudadebugger.so", Compute, Some("libcudadebugger.so.1")),
-    lib("libnvidia-ptxjitcompiler.so", Compute, Some("libnvidia-ptxjitcompiler.so.1")),
+    lib(
+        "libnvidia-ptxjitcompiler.so",
+        Compute,
+        Some("libnvidia-ptxjitcompiler.so.1"),
+    ),
     lib("libnvidia-nvvm.so", Compute, Some("libnvidia-nvvm.so.4")),
-    lib("libnvidia-opencl.so", Compute, Some("libnvidia-opencl.so.1")),
+    lib(
+        "libnvidia-opencl.so",
+        Compute,
+        Some("libnvidia-opencl.so.1"),
+    ),
     lib("libnvidia-gpucomp.so", Compute, None),
     lib("libnvidia-pkcs11.so", Compute, None),
     lib("libnvidia-pkcs11-openssl3.so", Compute, None),
@@ -96,11 +104,23 @@ const LIBS: &[Lib] = &[
     lib("libnvidia-cfg.so", Utility, Some("libnvidia-cfg.so.1")),
     lib("libnvcuvid.so", Video, Some("libnvcuvid.so.1")),
     lib("libnvidia-encode.so", Video, Some("libnvidia-encode.so.1")),
-    lib("libnvidia-opticalflow.so", Video, Some("libnvidia-opticalflow.so.1")),
+    lib(
+        "libnvidia-opticalflow.so",
+        Video,
+        Some("libnvidia-opticalflow.so.1"),
+    ),
     lib("libGLX_nvidia.so", Graphics, Some("libGLX_nvidia.so.0")),
     lib("libEGL_nvidia.so", Graphics, Some("libEGL_nvidia.so.0")),
-    lib("libGLESv2_nvidia.so", Graphics, Some("libGLESv2_nvidia.so.2")),
-    lib("libGLESv1_CM_nvidia.so", Graphics, Some("libGLESv1_CM_nvidia.so.1")),
+    lib(
+        "libGLESv2_nvidia.so",
+        Graphics,
+        Some("libGLESv2_nvidia.so.2"),
+    ),
+    lib(
+        "libGLESv1_CM_nvidia.so",
+        Graphics,
+        Some("libGLESv1_CM_nvidia.so.1"),
+    ),
     lib("libnvidia-glcore.so", Graphics, None),
     lib("libnvidia-eglcore.so", Graphics, None),
     lib("libnvidia-glsi.so", Graphics, None),
@@ -109,7 +129,11 @@ const LIBS: &[Lib] = &[
     lib("libnvidia-fbc.so", Graphics, Some("libnvidia-fbc.so.1")),
     lib("libnvoptix.so", Graphics, Some("libnvoptix.so.1")),
     lib("libnvidia-glvkspirv.so", Graphics, None),
-    lib("libnvidia-allocator.so", Graphics, Some("libnvidia-allocator.so.1")),
+    lib(
+        "libnvidia-allocator.so",
+        Graphics,
+        Some("libnvidia-allocator.so.1"),
+    ),
     lib("libnvidia-ngx.so", Ngx, Some("libnvidia-ngx.so.1")),
 ];
 
@@ -142,9 +166,15 @@ const SOCKETS: &[(&str, Capability)] = &[
 /// Configuration/data files by capability.
 const CONFIGS: &[(&str, Capability)] = &[
     ("/usr/share/vulkan/icd.d/nvidia_icd.json", Graphics),
-    ("/usr/share/vulkan/implicit_layer.d/nvidia_layers.json", Graphics),
+    (
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        Graphics,
+    ),
     ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", Graphics),
-    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json", Graphics),
+    (
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        Graphics,
+    ),
     ("/usr/share/nvidia/nvoptix.bin", Graphics),
 ];
 
@@ -250,9 +280,7 @@ pub fn driver_files(cfg: &Config, driver_version: &str) -> Vec<DriverFile> {
             out.extend(file(cfg, host, FileKind::Config, *cap));
         }
     }
-    out.sort_by(|a, b| {
-        (a.capability, &a.container_path).cmp(&(b.capability, &b.container_path))
-    });
+    out.sort_by(|a, b| (a.capability, &a.container_path).cmp(&(b.capability, &b.container_path)));
     out.dedup_by(|a, b| a.container_path == b.container_path);
     out
 }

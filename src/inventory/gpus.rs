@@ -39,7 +39,9 @@ pub(super) fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
         let e = |what: &str| nvml_err(cfg, &format!("GPU {index}: {what}"));
         let d = nvml.device_by_index(index).map_err(e("handle"))?;
         let minor = d.minor_number().map_err(e("minor number"))?;
-        let cc = d.cuda_compute_capability().map_err(e("compute capability"))?;
+        let cc = d
+            .cuda_compute_capability()
+            .map_err(e("compute capability"))?;
         let (mig_capable, mig_enabled) = match d.mig_mode() {
             Ok(m) => (true, m.current == 1),
             Err(NvmlError::NotSupported) => (false, false),

@@ -262,7 +262,11 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     // NVML's own version is "12.<driver version>".
     with_state(|s| unsafe {
         write_str(
-            &format!("{}.{}", s.node.cuda_driver_version / 1000, s.node.driver_version),
+            &format!(
+                "{}.{}",
+                s.node.cuda_driver_version / 1000,
+                s.node.driver_version
+            ),
             version,
             length,
         )
@@ -712,7 +716,10 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(d: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    d: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
     if id.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -765,7 +772,10 @@ mod tests {
     #[test]
     fn uninitialised_calls_fail() {
         let mut n = 0u32;
-        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut n) }, NVML_ERROR_UNINITIALIZED);
+        assert_eq!(
+            unsafe { nvmlDeviceGetCount_v2(&mut n) },
+            NVML_ERROR_UNINITIALIZED
+        );
         assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
     }
 
