@@ -4,6 +4,7 @@
 pub mod spec;
 
 pub mod cli;
+pub mod generate;
 pub use spec::{ContainerEdits, Device, DeviceNodeEdit, HookEdit, LoadedSpec, MountEdit, Spec};
 
 /// The kind of the devices gpufence describes.

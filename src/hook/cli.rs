@@ -24,7 +24,11 @@ pub enum Cmd {
         stage: String,
     },
     /// createContainer hook: refresh the container's ld cache.
-    UpdateLdcache,
+    UpdateLdcache {
+        /// Directory (inside the container) holding mounted driver libraries; repeatable.
+        #[arg(long = "folder")]
+        folder: Vec<String>,
+    },
 }
 
 pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
@@ -39,7 +43,7 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         ),
         Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
-        Cmd::UpdateLdcache => Err(Exit::env("not implemented yet")),
+        Cmd::UpdateLdcache { folder } => super::ldcache::run(config, &folder),
     }
 }
 

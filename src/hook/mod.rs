@@ -14,6 +14,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod inputs;
 pub mod install;
+pub mod ldcache;
 pub mod mounts;
 pub mod safepath;
 pub mod state;
