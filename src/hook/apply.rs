@@ -45,14 +45,12 @@ pub struct Prepared {
     pub ldcache: Option<LdcacheRun>,
 }
 
-/// The plan's ldcache hook, with its binary opened before `setns`.
+/// The plan's ld cache refresh (its createContainer `update-ldcache` hook), done by the hook
+/// itself: the host's ldconfig is opened before `setns` and run with `-r ROOTFS`.
 #[derive(Debug)]
 pub struct LdcacheRun {
-    pub exe: OwnedFd,
-    pub args: Vec<String>,
-    pub env: Vec<String>,
-    pub timeout_s: u64,
-    pub state_json: Vec<u8>,
+    pub ldconfig: OwnedFd,
+    pub folders: Vec<String>,
 }
 
 fn dev_kind(
@@ -184,53 +182,13 @@ pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError
     Ok(())
 }
 
-/// Run the ldcache refresh as the runtime would run a createContainer hook: in the container's
-/// mount namespace, cwd at the rootfs, with the hook's own env only, state JSON on stdin.
+/// Refresh the container's ld cache (in its mount namespace, before pivot_root).
 fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let exe = format!("/proc/self/fd/{}", l.exe.as_raw_fd());
-    let mut cmd = Command::new(&exe);
-    if let Some((arg0, rest)) = l.args.split_first() {
-        std::os::unix::process::CommandExt::arg0(&mut cmd, arg0);
-        cmd.args(rest);
-    }
-    cmd.env_clear()
-        .envs(l.env.iter().filter_map(|kv| kv.split_once('=')))
-        .current_dir(rootfs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let err = |why: String| HookError::Ldcache(why);
-    let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(&l.state_json);
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(l.timeout_s);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let mut msg = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = (&mut e).take(4096).read_to_string(&mut msg);
-                }
-                if status.success() {
-                    info!(container = id, "ld cache refreshed");
-                    return Ok(());
-                }
-                return Err(err(format!("{status}: {}", msg.trim())));
-            }
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(5))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(err(format!("timed out after {}s", l.timeout_s)));
-            }
-            Err(e) => return Err(err(format!("wait: {e}"))),
-        }
-    }
+    let ldconfig = PathBuf::from(format!("/proc/self/fd/{}", l.ldconfig.as_raw_fd()));
+    super::ldcache::update(rootfs, &l.folders, &ldconfig)
+        .map_err(|e| HookError::Ldcache(e.to_string()))?;
+    info!(container = id, folders = ?l.folders, "ld cache refreshed");
+    Ok(())
 }
 
 /// Fork a single-threaded child that joins the mount namespace `ns`, refuses shared mounts

@@ -100,7 +100,7 @@ pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Re
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
     let id = st.id.clone();
-    match enforce_state(&cfg, stage, &st, &raw) {
+    match enforce_state(&cfg, stage, &st) {
         Ok(()) => Ok(()),
         Err(e) => {
             error!(container = %id, stage = stage.name(), error = %e, "refused: container creation aborted");
@@ -116,7 +116,6 @@ fn enforce_state(
     cfg: &crate::config::Config,
     stage: Stage,
     st: &state::State,
-    raw_state: &[u8],
 ) -> Result<(), HookError> {
     let id = st.id.as_str();
     let (spec, rootfs) = state::read_config(&st.bundle)?;
@@ -139,7 +138,7 @@ fn enforce_state(
     apply::log_unapplied(&plan, id);
     let state_dir = plan.state_dir.as_ref().map(std::path::PathBuf::from);
     let created_state_dir = state_dir.as_ref().is_some_and(|d| !d.exists());
-    let r = enforce_plan(cfg, st, raw_state, &rootfs, &plan, &inventory_majors);
+    let r = enforce_plan(cfg, st, &rootfs, &plan, &inventory_majors);
     // Fail closed without leftovers: the state directory is ours (id validated, under
     // state-dir); remove_dir_all does not follow symlinks.
     if r.is_err()
@@ -157,7 +156,6 @@ fn enforce_state(
 fn enforce_plan(
     cfg: &crate::config::Config,
     st: &state::State,
-    raw_state: &[u8],
     rootfs: &Path,
     plan: &crate::plan::Plan,
     inventory_majors: &[u32],
@@ -181,7 +179,7 @@ fn enforce_plan(
     }
     apply::write_host_files(plan, &cfg.state_dir)?;
     let mounts = apply::detach_mounts(plan)?;
-    let ldcache = ldcache_run(plan, raw_state)?;
+    let ldcache = ldcache_run(plan)?;
 
     // The container's mount namespace must be another one than ours: mounting "into the
     // container" in the host's namespace would change the host.
@@ -259,36 +257,35 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
     })
 }
 
-/// The plan's ld cache hook (createContainer `… hook update-ldcache …`), prepared to run in
-/// the container's namespace after the mounts.
-fn ldcache_run(
-    plan: &crate::plan::Plan,
-    raw_state: &[u8],
-) -> Result<Option<apply::LdcacheRun>, HookError> {
-    let Some(h) =
-        plan.edits.hooks.iter().find(|h| {
-            h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
-        })
-    else {
+/// The plan's ld cache hook (createContainer `… hook update-ldcache --folder …`): the hook
+/// cannot add hooks to the container, so it refreshes the cache itself after mounting.
+fn ldcache_run(plan: &crate::plan::Plan) -> Result<Option<apply::LdcacheRun>, HookError> {
+    let Some(h) = plan.edits.hooks.iter().find(|h| {
+        h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
+    }) else {
         return Ok(None);
     };
-    let exe = nix::fcntl::open(
-        h.path.as_str(),
+    let folders: Vec<String> = h
+        .args
+        .windows(2)
+        .filter(|w| w[0] == "--folder")
+        .map(|w| w[1].clone())
+        .collect();
+    if folders.is_empty() {
+        return Ok(None);
+    }
+    let path = ldcache::host_ldconfig().map_err(|e| HookError::Ldcache(e.to_string()))?;
+    let ldconfig = nix::fcntl::open(
+        &path,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|errno| HookError::Host {
-        path: h.path.clone(),
-        op: "open ldcache hook",
+        path: path.display().to_string(),
+        op: "open ldconfig",
         errno,
     })?;
-    Ok(Some(apply::LdcacheRun {
-        exe,
-        args: h.args.clone(),
-        env: h.env.clone(),
-        timeout_s: h.timeout.unwrap_or(10).clamp(1, 60) as u64,
-        state_json: raw_state.to_vec(),
-    }))
+    Ok(Some(apply::LdcacheRun { ldconfig, folders }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

@@ -77,6 +77,13 @@ pub fn load(cfg: &Config) -> Result<Inventory, InventoryError> {
     Ok(inv)
 }
 
+/// The cached inventory when it is still valid, else `None`. Never initialises NVML (the OCI
+/// hook must stay single-threaded until it has joined the container's mount namespace).
+pub fn cached(cfg: &Config) -> Result<Option<Inventory>, InventoryError> {
+    let key = cache::cache_key(cfg)?;
+    Ok(cache::read(cfg, &key))
+}
+
 /// Re-read the device numbers of every device node (GPUs, MIG capabilities, control nodes) from
 /// `dev-root` now: the create path uses live numbers, never cached ones.
 pub fn refresh_device_numbers(inv: &mut Inventory, cfg: &Config) -> Result<(), InventoryError> {
