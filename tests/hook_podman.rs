@@ -1,0 +1,313 @@
+//! End to end: `gpufence hook` installed with `gpufence hook install` into a hooks directory,
+//! real podman 4.3 + runc with `--hooks-dir`, on a node simulated by `gpufence-sim`.
+//!
+//! Fake GPU nodes are real character devices: opened inside a container they give ENXIO when the
+//! device cgroup allows them and EPERM when it denies them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ENXIO: &str = "No such device or address";
+const EPERM: &str = "Operation not permitted";
+
+struct Env {
+    dir: PathBuf,
+    config: PathBuf,
+    hooks: PathBuf,
+    rootfs: PathBuf,
+}
+
+fn setup(name: &str) -> Option<Env> {
+    if common::skip_unless(&["podman", "runc"]) {
+        return None;
+    }
+    let dir = common::scratch(name);
+    let config = common::sim_node(&dir.join("node"), 2, None);
+    let hooks = dir.join("hooks");
+    let (code, out, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&config)
+            .args(["hook", "install", "--dir"])
+            .arg(&hooks),
+    );
+    assert_eq!(code, 0, "hook install: {out}{err}");
+    let rootfs = common::busybox_rootfs(&dir);
+    Some(Env {
+        dir,
+        config,
+        hooks,
+        rootfs,
+    })
+}
+
+impl Env {
+    fn podman(&self, args: &[&str], script: &str) -> (i32, String, String) {
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(self.dir.join("podman/root"))
+            .arg("--runroot")
+            .arg(self.dir.join("podman/run"))
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--runtime",
+                "runc",
+                "--hooks-dir",
+            ])
+            .arg(&self.hooks)
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--ulimit",
+                "nofile=20000:20000",
+                "--ulimit",
+                "nproc=4096:4096",
+            ])
+            .args(args)
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .args(["/bin/sh", "-c", script]);
+        common::run(&mut cmd)
+    }
+
+    /// A device node made by hand in the rootfs (host side), outside the hook's knowledge.
+    fn hand_node(&self, name: &str, major: u64, minor: u64) {
+        nix::sys::stat::mknod(
+            &self.rootfs.join("tmp").join(name),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(major, minor),
+        )
+        .unwrap();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("node/gpufence.log")).unwrap_or_default()
+    }
+
+    fn state_entries(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.join("node/state"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Content digest of a host tree, for before/after comparisons.
+fn digest(root: &Path) -> BTreeMap<PathBuf, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(md) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let desc = if md.file_type().is_symlink() {
+            format!("link {:?}", std::fs::read_link(&p).ok())
+        } else if md.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+            format!("dir {:o}", md.mode())
+        } else if md.is_file() {
+            let d = std::fs::read(&p).unwrap_or_default();
+            let h = d.iter().fold(0xcbf29ce484222325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+            });
+            format!("file {:o} {} {h:x}", md.mode(), md.len())
+        } else {
+            format!("other {:o} {}", md.mode(), md.rdev())
+        };
+        out.insert(p, desc);
+    }
+    out
+}
+
+const PROBE: &str = "cat /dev/nvidia0 2>&1; cat /tmp/gpu1 2>&1; \
+    echo PRELOAD=$(cat /etc/ld.so.preload 2>&1); \
+    ls /usr/lib/x86_64-linux-gnu/ 2>&1 | grep -c libcuda.so.580 ; \
+    cat /run/gpufence/quota 2>&1; echo x > /run/gpufence/quota 2>&1 || echo QUOTA-RO; true";
+
+#[test]
+fn annotated_container_gets_its_gpu_and_only_it() {
+    let Some(e) = setup("hook-podman-basic") else {
+        return;
+    };
+    e.hand_node("gpu1", 195, 1);
+    let (code, out, err) = e.podman(&["--annotation", "gpufence.dev/devices=0"], PROBE);
+    assert_eq!(code, 0, "{out}{err}\nlog:\n{}", e.log());
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains(ENXIO), "granted GPU must open to ENXIO: {out}");
+    assert!(lines[1].contains(EPERM), "hand-made GPU node must be EPERM: {out}");
+    assert!(out.contains("PRELOAD=/usr/lib/gpufence/libgpufence.so"), "{out}");
+    assert_eq!(lines[3], "1", "driver library mounted: {out}");
+    assert!(out.contains("device.0.uuid=GPU-"), "quota file: {out}");
+    assert!(out.contains("QUOTA-RO"), "quota must be read-only: {out}");
+    // poststop removed the container's state directory.
+    assert!(
+        e.state_entries().iter().all(|n| !n.chars().all(|c| c.is_ascii_hexdigit()) || n.len() != 64),
+        "{:?}",
+        e.state_entries()
+    );
+}
+
+#[test]
+fn container_without_annotation_gets_nothing() {
+    let Some(e) = setup("hook-podman-none") else {
+        return;
+    };
+    e.hand_node("gpu1", 195, 1);
+    e.hand_node("gpu0", 195, 0);
+    let (code, out, err) = e.podman(
+        &[],
+        "ls /dev/nvidia0 2>&1; cat /tmp/gpu0 2>&1; cat /etc/ld.so.preload 2>&1; ls /run/gpufence 2>&1; true",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("libgpufence"), "{out}");
+    assert!(out.lines().filter(|l| l.contains("No such file")).count() >= 3, "{out}");
+    assert!(out.contains(EPERM), "runtime default rules deny GPUs: {out}");
+    assert!(!e.log().contains("enforcing plan"), "{}", e.log());
+}
+
+#[test]
+fn v2_gate_alone_denies_ungranted_gpu_with_permissive_v1_rules() {
+    let Some(e) = setup("hook-podman-bpf") else {
+        return;
+    };
+    e.hand_node("gpu1", 195, 1);
+    let permissive = ["--device-cgroup-rule", "c 195:* rwm"];
+    // Control: with v1 rules allowing every GPU and no hook, the hand-made node opens (ENXIO).
+    let (_, out, err) = e.podman(&permissive, "cat /tmp/gpu1 2>&1; true");
+    assert!(out.contains(ENXIO), "v1 is permissive: {out}{err}");
+    // With the hook: the v2 gate alone denies the GPU that was not granted.
+    let mut args = permissive.to_vec();
+    args.extend(["--annotation", "gpufence.dev/devices=0"]);
+    let (code, out, err) = e.podman(
+        &args,
+        "cat /dev/nvidia0 2>&1; cat /tmp/gpu1 2>&1; cat /proc/self/cgroup | grep '^0::'",
+    );
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains(ENXIO), "{out}");
+    assert!(lines[1].contains(EPERM), "{out}");
+    assert!(e.log().contains("v2 device gate attached"), "{}", e.log());
+}
+
+#[test]
+fn attack_lib_dir_symlink_to_root() {
+    let Some(e) = setup("hook-podman-libroot") else {
+        return;
+    };
+    std::fs::create_dir_all(e.rootfs.join("usr/lib")).unwrap();
+    std::os::unix::fs::symlink("/", e.rootfs.join("usr/lib/x86_64-linux-gnu")).unwrap();
+    let etc = digest(Path::new("/etc"));
+    let lib = digest(Path::new("/usr/lib/x86_64-linux-gnu"));
+    let (code, out, err) = e.podman(
+        &["--annotation", "gpufence.dev/devices=0"],
+        "ls / | grep -c libcuda.so.580; cat /dev/nvidia0 2>&1; true",
+    );
+    // Either refused or confined: never a write outside the rootfs.
+    if code == 0 {
+        assert!(out.starts_with('1'), "library confined to the rootfs's /: {out}");
+        assert!(out.contains(ENXIO), "{out}");
+    } else {
+        assert!(err.contains("gpufence") || err.contains("hook"), "{err}");
+    }
+    assert_eq!(etc, digest(Path::new("/etc")));
+    assert_eq!(lib, digest(Path::new("/usr/lib/x86_64-linux-gnu")));
+    assert!(!Path::new("/libcuda.so.580.65.06").exists());
+}
+
+#[test]
+fn attack_preload_symlink_to_host_path() {
+    let Some(e) = setup("hook-podman-preload") else {
+        return;
+    };
+    let victim = e.dir.join("victim-preload");
+    std::fs::write(&victim, "HOST FILE\n").unwrap();
+    std::os::unix::fs::symlink(&victim, e.rootfs.join("etc/ld.so.preload")).unwrap();
+    let before = digest(&victim);
+    let etc = digest(Path::new("/etc"));
+    let (code, out, err) = e.podman(
+        &["--annotation", "gpufence.dev/devices=0"],
+        "cat /etc/ld.so.preload",
+    );
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.contains("/usr/lib/gpufence/libgpufence.so"), "{out}");
+    assert_eq!(before, digest(&victim));
+    assert_eq!(etc, digest(Path::new("/etc")));
+}
+
+#[test]
+fn attack_dev_symlink_to_host_dir() {
+    let Some(e) = setup("hook-podman-dev") else {
+        return;
+    };
+    let hostdev = e.dir.join("host-dev");
+    std::fs::create_dir_all(&hostdev).unwrap();
+    std::fs::write(hostdev.join("marker"), "x").unwrap();
+    std::fs::remove_dir_all(e.rootfs.join("dev")).unwrap();
+    std::os::unix::fs::symlink(&hostdev, e.rootfs.join("dev")).unwrap();
+    let before = digest(&hostdev);
+    let (code, out, err) = e.podman(
+        &["--annotation", "gpufence.dev/devices=0"],
+        "cat /dev/nvidia0 2>&1; true",
+    );
+    if code == 0 {
+        assert!(out.contains(ENXIO), "{out}");
+    } else {
+        assert!(!err.is_empty());
+    }
+    assert_eq!(before, digest(&hostdev), "host directory behind /dev changed");
+}
+
+#[test]
+fn hook_ignores_ld_preload_in_the_container_env() {
+    if !common::have("gcc") {
+        eprintln!("SKIP: gcc");
+        return;
+    }
+    let Some(e) = setup("hook-podman-ldpreload") else {
+        return;
+    };
+    let marker = e.dir.join("PWNED");
+    let src = e.dir.join("evil.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void f(void) {{ FILE *x = fopen(\"{}\", \"w\"); if (x) fclose(x); }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let so = e.dir.join("evil.so");
+    let (c, _, err) = common::run(Command::new("gcc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src));
+    assert_eq!(c, 0, "{err}");
+    // Sanity: the library does write the marker when preloaded.
+    let probe = e.dir.join("PROBE");
+    let _ = Command::new("/bin/true").env("LD_PRELOAD", &so).status();
+    assert!(marker.exists(), "evil.so works");
+    std::fs::remove_file(&marker).unwrap();
+    let _ = probe;
+    let env = format!("LD_PRELOAD={}", so.display());
+    let (code, out, err) = e.podman(
+        &["--annotation", "gpufence.dev/devices=0", "--env", &env],
+        "cat /dev/nvidia0 2>&1; true",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(ENXIO), "{out}");
+    assert!(!marker.exists(), "something ran with the container's LD_PRELOAD");
+}
