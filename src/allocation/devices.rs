@@ -95,7 +95,7 @@ pub fn resolve_token(tok: &str, inv: &Inventory) -> Result<Resolved, String> {
     if tok.len() > 4 && tok.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) {
         let g = inv
             .gpu_by_uuid(tok)
-            .ok_or_else(|| format!("no GPU with UUID {tok} on this node"))?;
+            .ok_or_else(|| format!("no GPU with UUID {} on this node", short(tok)))?;
         return Ok(Resolved {
             device: DeviceRef::Gpu { index: g.index },
             uuid: g.uuid.clone(),
@@ -105,7 +105,7 @@ pub fn resolve_token(tok: &str, inv: &Inventory) -> Result<Resolved, String> {
     if tok.len() > 4 && tok.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("MIG-")) {
         let (g, m) = inv
             .mig_by_uuid(tok)
-            .ok_or_else(|| format!("no MIG device with UUID {tok} on this node"))?;
+            .ok_or_else(|| format!("no MIG device with UUID {} on this node", short(tok)))?;
         if !g.mig_enabled {
             return Err(format!("GPU {} has MIG disabled", g.index));
         }

@@ -131,8 +131,13 @@ pub fn gpufence_limits(inputs: &Inputs, devices: &[Resolved]) -> Result<Part, Al
     if let Some(v) = inputs.annotations.get(ANN_MEMORY) {
         let mut out = Vec::with_capacity(n);
         for item in per_device(ANN_MEMORY, v)? {
-            let b = crate::quantity::parse_k8s_bytes(&item)
-                .map_err(|e| AllocationError::new(ANN_MEMORY, v, format!("{item:?}: {e}")))?;
+            let b = crate::quantity::parse_k8s_bytes(&item).map_err(|e| {
+                AllocationError::new(
+                    ANN_MEMORY,
+                    v,
+                    format!("{:?}: {e}", crate::allocation::short(&item)),
+                )
+            })?;
             if b == 0 {
                 return Err(AllocationError::new(ANN_MEMORY, v, "a memory quota of 0"));
             }
@@ -144,7 +149,14 @@ pub fn gpufence_limits(inputs: &Inputs, devices: &[Resolved]) -> Result<Part, Al
         let mut out = Vec::with_capacity(n);
         for item in per_device(ANN_CORES, v)? {
             let c = parse_percent(&item).ok_or_else(|| {
-                AllocationError::new(ANN_CORES, v, format!("{item:?} is not a percentage 1–100"))
+                AllocationError::new(
+                    ANN_CORES,
+                    v,
+                    format!(
+                        "{:?} is not a percentage 1–100",
+                        crate::allocation::short(&item)
+                    ),
+                )
             })?;
             out.push(Some(c));
         }

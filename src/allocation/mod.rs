@@ -88,7 +88,17 @@ impl AllocationError {
         } else {
             value.to_string()
         };
-        let why: String = why.into();
+        let mut why: String = why.into();
+        // Reasons may quote parts of the input: keep them short too.
+        const MAX_WHY: usize = 400;
+        if why.len() > MAX_WHY {
+            let mut end = MAX_WHY;
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            why.truncate(end);
+            why.push('…');
+        }
         AllocationError {
             key: key.into(),
             value: value.replace('\n', "\\n"),
