@@ -15,6 +15,8 @@ const EPERM: &str = "Operation not permitted";
 
 struct Env {
     dir: PathBuf,
+    /// podman refuses a runroot longer than 50 characters.
+    runroot: PathBuf,
     config: PathBuf,
     hooks: PathBuf,
     rootfs: PathBuf,
@@ -36,8 +38,15 @@ fn setup(name: &str) -> Option<Env> {
     );
     assert_eq!(code, 0, "hook install: {out}{err}");
     let rootfs = common::busybox_rootfs(&dir);
+    let runroot = PathBuf::from(format!(
+        "/tmp/gfh-{}-{}",
+        std::process::id(),
+        dir.file_name().unwrap().to_string_lossy().len() + name.len() * 7 + rand_suffix()
+    ));
+    std::fs::create_dir_all(&runroot).unwrap();
     Some(Env {
         dir,
+        runroot,
         config,
         hooks,
         rootfs,
@@ -50,7 +59,7 @@ impl Env {
         cmd.arg("--root")
             .arg(self.dir.join("podman/root"))
             .arg("--runroot")
-            .arg(self.dir.join("podman/run"))
+            .arg(&self.runroot)
             .args([
                 "--storage-driver",
                 "vfs",
@@ -103,6 +112,18 @@ impl Env {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+fn rand_suffix() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed) * 1000
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.runroot);
     }
 }
 

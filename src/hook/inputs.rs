@@ -69,13 +69,11 @@ fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookErr
 
 /// CDI specs of the host (a broken file only costs the devices it defines).
 fn cdi_specs(id: &str) -> Vec<crate::cdi::LoadedSpec> {
-    let _ = (id, warn_unused);
-    Vec::new()
-}
-
-#[allow(dead_code)]
-fn warn_unused(id: &str, e: &dyn std::fmt::Display) {
-    warn!(container = id, error = %e, "CDI spec skipped");
+    let (specs, errors) = crate::cdi::parse::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
+    for e in errors {
+        warn!(container = id, error = %e, "CDI spec skipped");
+    }
+    specs
 }
 
 /// Majors of all device nodes the inventory knows.

@@ -16,20 +16,21 @@ use crate::config::{Config, Dialect};
 pub const PRESTART_FILE: &str = "gpufence.json";
 pub const POSTSTOP_FILE: &str = "gpufence-poststop.json";
 
-/// Annotation key patterns (Go RE2 syntax) of the annotation dialects.
-pub fn annotation_patterns(cfg: &Config) -> Vec<&'static str> {
+/// Annotation key prefixes (Go RE2 syntax) of the enabled annotation dialects.
+pub fn annotation_prefixes(cfg: &Config) -> Vec<&'static str> {
     let mut v = Vec::new();
     if cfg.allocation.enabled(Dialect::Gpufence) {
-        v.push(r"^gpufence\.dev/.+$");
+        v.push(r"gpufence\.dev");
     }
     if cfg.allocation.enabled(Dialect::Cdi) {
-        v.push(r"^cdi\.k8s\.io/.+$");
+        v.push(r"cdi\.k8s\.io");
     }
     v
 }
 
-/// `when` of the drop-ins: `always` if an env dialect is honoured, else the annotation keys.
-/// `None`: no dialect enabled, nothing to install.
+/// `when` of the drop-ins: `always` if an env dialect is honoured, else one annotation key
+/// pattern covering every annotation dialect (hooks schema 1.0.0 ANDs the entries of
+/// `when.annotations`; its `or` is not settable from JSON). `None`: no dialect enabled.
 pub fn when(cfg: &Config) -> Option<Value> {
     if Dialect::ALL
         .iter()
@@ -37,15 +38,12 @@ pub fn when(cfg: &Config) -> Option<Value> {
     {
         return Some(json!({ "always": true }));
     }
-    let pats = annotation_patterns(cfg);
-    if pats.is_empty() {
+    let prefixes = annotation_prefixes(cfg);
+    if prefixes.is_empty() {
         return None;
     }
-    let map: serde_json::Map<String, Value> = pats
-        .into_iter()
-        .map(|p| (p.to_string(), Value::String(".*".into())))
-        .collect();
-    Some(json!({ "annotations": map }))
+    let key = format!("^({})/.+$", prefixes.join("|"));
+    Some(json!({ "annotations": { key: ".*" } }))
 }
 
 /// One drop-in.
@@ -140,12 +138,16 @@ mod tests {
         let cfg = Config::default();
         let w = when(&cfg).unwrap();
         let keys: Vec<&String> = w["annotations"].as_object().unwrap().keys().collect();
-        assert_eq!(keys, [r"^gpufence\.dev/.+$", r"^cdi\.k8s\.io/.+$"]);
+        assert_eq!(keys, [r"^(gpufence\.dev|cdi\.k8s\.io)/.+$"]);
         let mut cfg = Config::default();
         cfg.allocation.trust_env = crate::config::TrustEnv::Dialects(vec![Dialect::Hami]);
         assert_eq!(when(&cfg).unwrap(), json!({"always": true}));
         cfg.allocation.dialects = vec![Dialect::Gpufence];
         assert!(when(&cfg).unwrap().get("annotations").is_some());
+        assert_eq!(
+            when(&cfg).unwrap()["annotations"],
+            json!({r"^(gpufence\.dev)/.+$": ".*"})
+        );
         cfg.allocation.dialects = vec![];
         assert!(when(&cfg).is_none());
     }
