@@ -17,6 +17,7 @@ struct Env {
     dir: PathBuf,
     /// podman refuses a runroot longer than 50 characters.
     runroot: PathBuf,
+    #[allow(dead_code)]
     config: PathBuf,
     hooks: PathBuf,
     rootfs: PathBuf,
@@ -171,15 +172,26 @@ fn annotated_container_gets_its_gpu_and_only_it() {
     let (code, out, err) = e.podman(&["--annotation", "gpufence.dev/devices=0"], PROBE);
     assert_eq!(code, 0, "{out}{err}\nlog:\n{}", e.log());
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].contains(ENXIO), "granted GPU must open to ENXIO: {out}");
-    assert!(lines[1].contains(EPERM), "hand-made GPU node must be EPERM: {out}");
-    assert!(out.contains("PRELOAD=/usr/lib/gpufence/libgpufence.so"), "{out}");
+    assert!(
+        lines[0].contains(ENXIO),
+        "granted GPU must open to ENXIO: {out}"
+    );
+    assert!(
+        lines[1].contains(EPERM),
+        "hand-made GPU node must be EPERM: {out}"
+    );
+    assert!(
+        out.contains("PRELOAD=/usr/lib/gpufence/libgpufence.so"),
+        "{out}"
+    );
     assert_eq!(lines[3], "1", "driver library mounted: {out}");
     assert!(out.contains("device.0.uuid=GPU-"), "quota file: {out}");
     assert!(out.contains("QUOTA-RO"), "quota must be read-only: {out}");
     // poststop removed the container's state directory.
     assert!(
-        e.state_entries().iter().all(|n| !n.chars().all(|c| c.is_ascii_hexdigit()) || n.len() != 64),
+        e.state_entries()
+            .iter()
+            .all(|n| !n.chars().all(|c| c.is_ascii_hexdigit()) || n.len() != 64),
         "{:?}",
         e.state_entries()
     );
@@ -198,8 +210,14 @@ fn container_without_annotation_gets_nothing() {
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(!out.contains("libgpufence"), "{out}");
-    assert!(out.lines().filter(|l| l.contains("No such file")).count() >= 3, "{out}");
-    assert!(out.contains(EPERM), "runtime default rules deny GPUs: {out}");
+    assert!(
+        out.lines().filter(|l| l.contains("No such file")).count() >= 3,
+        "{out}"
+    );
+    assert!(
+        out.contains(EPERM),
+        "runtime default rules deny GPUs: {out}"
+    );
     assert!(!e.log().contains("enforcing plan"), "{}", e.log());
 }
 
@@ -242,7 +260,10 @@ fn attack_lib_dir_symlink_to_root() {
     );
     // Either refused or confined: never a write outside the rootfs.
     if code == 0 {
-        assert!(out.starts_with('1'), "library confined to the rootfs's /: {out}");
+        assert!(
+            out.starts_with('1'),
+            "library confined to the rootfs's /: {out}"
+        );
         assert!(out.contains(ENXIO), "{out}");
     } else {
         assert!(err.contains("gpufence") || err.contains("hook"), "{err}");
@@ -297,9 +318,15 @@ fn attack_dev_symlink_to_host_dir() {
     } else {
         assert!(!err.is_empty());
     }
-    assert_eq!(before, digest(&hostdev), "the hook wrote into the host directory behind /dev");
+    assert_eq!(
+        before,
+        digest(&hostdev),
+        "the hook wrote into the host directory behind /dev"
+    );
     assert!(
-        !before.keys().any(|p| p.to_string_lossy().contains("nvidia")),
+        !before
+            .keys()
+            .any(|p| p.to_string_lossy().contains("nvidia")),
         "{before:?}"
     );
 }
@@ -324,7 +351,12 @@ fn hook_ignores_ld_preload_in_the_container_env() {
     )
     .unwrap();
     let so = e.dir.join("evil.so");
-    let (c, _, err) = common::run(Command::new("gcc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src));
+    let (c, _, err) = common::run(
+        Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&src),
+    );
     assert_eq!(c, 0, "{err}");
     // Sanity: the library does write the marker when preloaded.
     let probe = e.dir.join("PROBE");
@@ -339,5 +371,51 @@ fn hook_ignores_ld_preload_in_the_container_env() {
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains(ENXIO), "{out}");
-    assert!(!marker.exists(), "something ran with the container's LD_PRELOAD");
+    assert!(
+        !marker.exists(),
+        "something ran with the container's LD_PRELOAD"
+    );
+}
+
+#[test]
+fn attack_dotdot_in_annotation_and_cdi_spec_is_refused() {
+    let Some(e) = setup("hook-podman-dotdot") else {
+        return;
+    };
+    let etc = digest(Path::new("/etc"));
+    // gpufence annotation
+    let (code, out, err) = e.podman(&["--annotation", "gpufence.dev/devices=../0"], "true");
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("gpufence.dev/devices"), "{err}");
+    // CDI spec of another kind whose device path climbs out of /dev
+    let fake = e.dir.join("fake1");
+    nix::sys::stat::mknod(
+        &fake,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(195, 1),
+    )
+    .unwrap();
+    let spec_path = PathBuf::from(format!(
+        "/var/run/cdi/gpufence-hooktest-{}.json",
+        std::process::id()
+    ));
+    std::fs::create_dir_all("/var/run/cdi").unwrap();
+    let spec = serde_json::json!({"cdiVersion": "0.5.0", "kind": "hooktest.example.com/evil",
+        "devices": [{"name": "x", "containerEdits": {"deviceNodes": [{
+            "path": "/dev/../../etc/gpufence-evil0", "hostPath": fake,
+            "type": "c", "major": 195, "minor": 1}]}}]});
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let (code, out, err) = e.podman(
+        &[
+            "--annotation",
+            "cdi.k8s.io/hooktest=hooktest.example.com/evil=x",
+        ],
+        "ls /etc; true",
+    );
+    let _ = std::fs::remove_file(&spec_path);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(!Path::new("/etc/gpufence-evil0").exists());
+    assert!(!e.rootfs.join("etc/gpufence-evil0").exists());
+    assert_eq!(etc, digest(Path::new("/etc")));
 }

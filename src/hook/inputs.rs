@@ -20,7 +20,11 @@ const MAX_INVENTORY_BYTES: usize = 16 << 20;
 
 /// The plan for this container and the majors of every device node of the node (GPU, control,
 /// MIG capability), which the v2 gate keeps to the granted ones.
-pub fn plan(cfg: &Config, spec: &serde_json::Value, id: &str) -> Result<(Plan, Vec<u32>), HookError> {
+pub fn plan(
+    cfg: &Config,
+    spec: &serde_json::Value,
+    id: &str,
+) -> Result<(Plan, Vec<u32>), HookError> {
     let mut inv = inventory(cfg, id)?;
     crate::inventory::refresh_device_numbers(&mut inv, cfg)
         .map_err(|e| HookError::Inventory(e.to_string()))?;
@@ -35,7 +39,10 @@ fn inventory(cfg: &Config, id: &str) -> Result<Inventory, HookError> {
     {
         return Ok(inv);
     }
-    info!(container = id, "inventory cache stale: rescanning in a child process");
+    info!(
+        container = id,
+        "inventory cache stale: rescanning in a child process"
+    );
     let exe = std::env::current_exe()
         .map_err(|e| HookError::Inventory(format!("locating gpufence: {e}")))?;
     scan_in_child(&exe, cfg.source.as_deref())
@@ -57,7 +64,11 @@ fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookErr
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(HookError::Inventory(
-            err.lines().last().unwrap_or("scan failed").trim().to_string(),
+            err.lines()
+                .last()
+                .unwrap_or("scan failed")
+                .trim()
+                .to_string(),
         ));
     }
     if out.stdout.len() > MAX_INVENTORY_BYTES {
@@ -69,7 +80,8 @@ fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookErr
 
 /// CDI specs of the host (a broken file only costs the devices it defines).
 fn cdi_specs(id: &str) -> Vec<crate::cdi::LoadedSpec> {
-    let (specs, errors) = crate::cdi::parse::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
+    let (specs, errors) =
+        crate::cdi::parse::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
     for e in errors {
         warn!(container = id, error = %e, "CDI spec skipped");
     }
@@ -82,8 +94,11 @@ pub fn inventory_majors(inv: &Inventory) -> Vec<u32> {
         .gpus
         .iter()
         .flat_map(|g| {
-            std::iter::once(g.node.major)
-                .chain(g.mig_devices.iter().flat_map(|m| m.caps.iter().map(|c| c.major)))
+            std::iter::once(g.node.major).chain(
+                g.mig_devices
+                    .iter()
+                    .flat_map(|m| m.caps.iter().map(|c| c.major)),
+            )
         })
         .chain(inv.control_nodes.iter().map(|n| n.major))
         .collect();

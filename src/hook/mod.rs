@@ -260,9 +260,11 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
 /// The plan's ld cache hook (createContainer `… hook update-ldcache --folder …`): the hook
 /// cannot add hooks to the container, so it refreshes the cache itself after mounting.
 fn ldcache_run(plan: &crate::plan::Plan) -> Result<Option<apply::LdcacheRun>, HookError> {
-    let Some(h) = plan.edits.hooks.iter().find(|h| {
-        h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
-    }) else {
+    let Some(h) =
+        plan.edits.hooks.iter().find(|h| {
+            h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
+        })
+    else {
         return Ok(None);
     };
     let folders: Vec<String> = h
