@@ -390,3 +390,59 @@ fn v2_gate_alone_denies_ungranted_gpu_and_allows_granted() {
     assert!(lines[1].contains("Operation not permitted"), "{err}");
     assert!(out.contains("NULL-OK"), "{out}");
 }
+
+/// Pure cgroup v2 hosts: the runtime's own device program denies what `config.json` did not
+/// list. The hook widens that program (re-loaded with an allow prefix for the granted nodes,
+/// attached with BPF_F_REPLACE) before adding its gate.
+#[test]
+fn v2_runtime_program_is_widened_for_granted_nodes_only() {
+    if common::skip_unless(&["sh"]) {
+        return;
+    }
+    use gpufence::hook::bpf;
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    let v2 = if unified.join("cgroup.procs").exists() {
+        unified.to_path_buf()
+    } else {
+        PathBuf::from("/sys/fs/cgroup")
+    };
+    let n = node("hookns-widen");
+    let gpu1 = n.dir.join("devroot/nvidia1");
+    nix::sys::stat::mknod(
+        &gpu1,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(195, 1),
+    )
+    .unwrap();
+    let cg = v2.join(format!("gpufence-widen-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let cg_fd: OwnedFd = std::fs::File::open(&cg).unwrap().into();
+    // The "runtime's" program: every GPU-class access denied.
+    let runtime = bpf::load(&bpf::build_program(&[], &[195])).unwrap();
+    bpf::attach(&runtime, &cg_fd, "test").unwrap();
+    let probe = |cg: &Path| {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs; cat {} ; cat {}",
+            cg.display(),
+            n.host_gpu0.display(),
+            gpu1.display()
+        );
+        common::run(Command::new("sh").args(["-c", &script])).2
+    };
+    let err = probe(&cg);
+    assert_eq!(err.matches("Operation not permitted").count(), 2, "{err}");
+    let rules = [CgroupRule {
+        kind: 'c',
+        major: 195,
+        minor: 0,
+        access: "rw".into(),
+    }];
+    let widened = gpufence::hook::cgroup::gate_v2(&cg, &rules, &[195]).unwrap();
+    assert_eq!(widened, 1);
+    let err = probe(&cg);
+    let _ = std::fs::remove_dir(&cg);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines[0].contains("No such device or address"), "{err}");
+    assert!(lines[1].contains("Operation not permitted"), "{err}");
+}

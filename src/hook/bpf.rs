@@ -314,6 +314,158 @@ pub fn query(cgroup_fd: &OwnedFd, cgroup: &str) -> Result<Vec<u32>, BpfError> {
     Ok(ids)
 }
 
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_F_REPLACE: u32 = 4;
+
+#[repr(C)]
+#[derive(Default)]
+struct GetFdByIdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct InfoByFdAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// The head of `struct bpf_prog_info` (the kernel fills at most `info_len` bytes).
+#[repr(C)]
+#[derive(Default)]
+struct ProgInfoHead {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+}
+
+fn prog_fd_by_id(id: u32) -> std::io::Result<OwnedFd> {
+    let mut a = GetFdByIdAttr {
+        id,
+        ..Default::default()
+    };
+    // SAFETY: a successful BPF_PROG_GET_FD_BY_ID returns a new fd we own.
+    sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut a).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The (translated) instructions of a loaded program.
+fn prog_insns(fd: &OwnedFd) -> std::io::Result<Vec<Insn>> {
+    let mut info = ProgInfoHead::default();
+    let mut a = InfoByFdAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<ProgInfoHead>() as u32,
+        info: &mut info as *mut ProgInfoHead as u64,
+    };
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    let n = info.xlated_prog_len as usize / std::mem::size_of::<Insn>();
+    if n == 0 || info.prog_type != BPF_PROG_TYPE_CGROUP_DEVICE {
+        return Err(std::io::Error::other(
+            "program instructions not readable (or not a device program)",
+        ));
+    }
+    let mut insns = vec![insn(0, 0, 0, 0, 0); n];
+    let mut info = ProgInfoHead {
+        xlated_prog_len: (n * std::mem::size_of::<Insn>()) as u32,
+        xlated_prog_insns: insns.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    let mut a = InfoByFdAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<ProgInfoHead>() as u32,
+        info: &mut info as *mut ProgInfoHead as u64,
+    };
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    Ok(insns)
+}
+
+/// Only plain device-rule code can be re-loaded from its translated form: context loads,
+/// ALU, jumps and exit. Helper calls, map references and anything else are refused.
+fn reloadable(p: &[Insn]) -> bool {
+    p.iter().all(|i| {
+        let class = i.code & 0x07;
+        match class {
+            0x01 => matches!(i.code, 0x61 | 0x69 | 0x71 | 0x79) && (i.regs >> 4) == 1,
+            0x04 | 0x07 => true,
+            0x05 | 0x06 => i.code != 0x85 && i.code != 0x8d,
+            _ => false,
+        }
+    })
+}
+
+/// `prefix` (granted nodes allowed) followed by the original program: granted nodes are
+/// allowed, everything else decided by the original. Registers r2–r6 are scratch for the
+/// prefix; r1 (the context) is left intact for the original code.
+pub fn widen(original: &[Insn], grants: &[Grant]) -> Vec<Insn> {
+    let mut p = vec![
+        insn(BPF_LDX_MEM_W, 2, 1, 0, 0),
+        insn(BPF_ALU64_AND_K, 2, 0, 0, 0xffff),
+        insn(BPF_LDX_MEM_W, 5, 1, 0, 0),
+        insn(BPF_ALU64_RSH_K, 5, 0, 0, 16),
+        insn(BPF_LDX_MEM_W, 3, 1, 4, 0),
+        insn(BPF_LDX_MEM_W, 4, 1, 8, 0),
+    ];
+    for g in grants {
+        const L: i16 = 8;
+        p.extend([
+            insn(BPF_JMP_JNE_K, 2, 0, L - 1, g.dev_type),
+            insn(BPF_JMP_JNE_K, 3, 0, L - 2, g.major as i32),
+            insn(BPF_JMP_JNE_K, 4, 0, L - 3, g.minor as i32),
+            insn(BPF_ALU64_MOV_X, 6, 5, 0, 0),
+            insn(BPF_ALU64_AND_K, 6, 0, 0, !g.access & 0x7),
+            insn(BPF_JMP_JNE_K, 6, 0, L - 6, 0),
+            insn(BPF_ALU64_MOV_K, 0, 0, 0, 1),
+            insn(BPF_JMP_EXIT, 0, 0, 0, 0),
+        ]);
+    }
+    p.extend_from_slice(original);
+    p
+}
+
+/// Replace every device program already attached to the cgroup (the runtime's, which on a
+/// pure cgroup v2 host denies whatever `config.json` did not list) by the same program
+/// preceded by an allow for the granted nodes. Returns how many were replaced. Fails closed:
+/// a program that cannot be read back or re-loaded is an error.
+pub fn widen_attached(
+    cgroup_fd: &OwnedFd,
+    cgroup: &str,
+    ids: &[u32],
+    grants: &[Grant],
+) -> Result<usize, BpfError> {
+    let attach_err = |source| BpfError::Attach {
+        cgroup: cgroup.to_string(),
+        source,
+    };
+    let mut n = 0;
+    for id in ids {
+        let old = prog_fd_by_id(*id).map_err(attach_err)?;
+        let insns = prog_insns(&old).map_err(attach_err)?;
+        if !reloadable(&insns) {
+            return Err(attach_err(std::io::Error::other(format!(
+                "device program {id} uses instructions that cannot be re-loaded"
+            ))));
+        }
+        let new = load(&widen(&insns, grants))?;
+        let mut attr = ProgAttachAttr {
+            target_fd: cgroup_fd.as_raw_fd() as u32,
+            attach_bpf_fd: new.as_raw_fd() as u32,
+            attach_type: BPF_CGROUP_DEVICE,
+            attach_flags: BPF_F_ALLOW_MULTI | BPF_F_REPLACE,
+            replace_bpf_fd: old.as_raw_fd() as u32,
+        };
+        sys_bpf(BPF_PROG_ATTACH, &mut attr).map_err(attach_err)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +505,18 @@ mod tests {
         assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 10, 200), Some(1));
         let p = build_program(&[], &[]);
         assert_eq!(evaluate(&p, DEV_CHAR, ACC_READ, 195, 0), Some(1));
+    }
+
+    #[test]
+    fn widen_allows_grants_then_defers_to_original() {
+        // "Runtime" program: deny every GPU-class access.
+        let original = build_program(&[], &[195]);
+        let p = widen(&original, &[g(195, 0)]);
+        let rw = ACC_READ | ACC_WRITE;
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 195, 0), Some(1));
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 195, 1), Some(0));
+        assert_eq!(evaluate(&p, DEV_CHAR, rw, 1, 3), Some(1));
+        assert!(reloadable(&p));
     }
 
     #[test]

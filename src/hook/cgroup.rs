@@ -197,20 +197,23 @@ pub fn allow_v1(dir: &Path, rules: &[CgroupRule]) -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// Load the gate program and attach it to a v2 cgroup; returns the ids attached before ours.
+/// On a v2 cgroup: widen the device programs already attached (the runtime's) to allow the
+/// granted nodes, then attach the gate program that keeps GPU-class devices to the granted
+/// ones. Returns how many runtime programs were widened.
 pub fn gate_v2(
     dir: &Path,
     rules: &[CgroupRule],
     gated_majors: &[u32],
-) -> Result<Vec<u32>, CgroupError> {
+) -> Result<usize, CgroupError> {
     let dfd = open_dir(dir)?;
     let shown = dir.display().to_string();
-    let before = bpf::query(&dfd, &shown)?;
     let grants: Vec<bpf::Grant> = rules.iter().filter_map(bpf::Grant::from_rule).collect();
+    let before = bpf::query(&dfd, &shown)?;
+    let widened = bpf::widen_attached(&dfd, &shown, &before, &grants)?;
     let prog = bpf::build_program(&grants, gated_majors);
     let pfd = bpf::load(&prog)?;
     bpf::attach(&pfd, &dfd, &shown)?;
-    Ok(before)
+    Ok(widened)
 }
 
 /// Character-device majors that belong to the NVIDIA driver: 195 plus every `nvidia*` entry

@@ -223,14 +223,8 @@ fn enforce_plan(
             .copied()
             .chain(plan.cgroup_rules.iter().map(|r| r.major));
         let majors = cgroup::gated_majors(&proc_devices, extra);
-        let before = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
-        info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs = before.len(), "v2 device gate attached");
-        if cg.v1.is_none() && !before.is_empty() {
-            warn!(
-                container = id,
-                "cgroup v2 only: the runtime's device program must also allow the granted nodes (CDI or gpufence-runtime adds them to config.json)"
-            );
-        }
+        let widened = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
+        info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs_widened = widened, "v2 device gate attached");
     }
     caps::restrict(caps::IN_NAMESPACE)?;
     let prepared = apply::Prepared {
