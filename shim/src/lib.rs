@@ -125,7 +125,7 @@ extern "C" fn atfork_child() {
 }
 
 fn register_atfork() {
-    if !ATFORK.swap(true, Ordering::AcqRel) {
+    if !ATFORK.load(Ordering::Relaxed) && !ATFORK.swap(true, Ordering::AcqRel) {
         // SAFETY: registering a plain function; the shim is never unloaded (preloaded).
         unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     }

@@ -312,10 +312,13 @@ impl Region {
         let Some(total) = self.header.used.get(d) else {
             return;
         };
+        // Plain subtractions (one locked instruction each): we only ever give back what this
+        // process charged, so neither counter can go below it (and a wrap would read as "full",
+        // failing closed).
         if let Some(s) = self.slot() {
-            sub_sat(&s.used[d], bytes);
+            s.used[d].fetch_sub(bytes, Ordering::AcqRel);
         }
-        sub_sat(total, bytes);
+        total.fetch_sub(bytes, Ordering::AcqRel);
     }
 }
 
