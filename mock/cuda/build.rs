@@ -1,5 +1,6 @@
-// The real driver's SONAME is libcuda.so.1; loaders (and the shim's dlopen(RTLD_NOLOAD) lookup)
-// match loaded objects by it.
+// The real library's DT_SONAME, so ldconfig (and the ldcache hook) create `libcuda.so.1` when
+// the mock is installed as `libcuda.so.<driver version>`, and the shim's dlopen(RTLD_NOLOAD)
+// lookup matches the loaded object by it.
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
     // Like the real driver, internal calls (cuMemAllocAsync → cuMemAlloc_v2 here) stay inside
