@@ -32,7 +32,9 @@ fn quota_holds_inside_a_runc_container() {
     if common::skip_unless(&["runc", "gcc"]) {
         return;
     }
-    let Some(node) = Node::new("shim-ctr", &[1024]) else { return };
+    let Some(node) = Node::new("shim-ctr", &[1024]) else {
+        return;
+    };
     let dir = &node.dir;
     let id = format!("gpufence-shim-{}", std::process::id());
     let quota = 100 * MIB;
@@ -79,6 +81,7 @@ $D direct alloc 83886080 hold > /tmp/h &
 HP=$!
 while ! grep -q holding /tmp/h; do sleep 0.05; done
 $C dlsym info alloc 31457280 | sed 's/^/neighbour /'
+$C dlsym nvml | sed 's/^/neighbour /'
 kill -9 $HP
 wait $HP
 $C proc fill 1048576 | sed 's/^/after-kill /'
@@ -88,7 +91,11 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
     );
     std::fs::write(rootfs.join("test.sh"), script).unwrap();
 
-    Command::new("runc").arg("spec").current_dir(&bundle).status().unwrap();
+    Command::new("runc")
+        .arg("spec")
+        .current_dir(&bundle)
+        .status()
+        .unwrap();
     let cfg_path = bundle.join("config.json");
     let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
     cfg["process"]["terminal"] = json!(false);
@@ -104,10 +111,19 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
     mounts.push(bind(&state, "/run/gpufence", false));
     mounts.push(bind(&quota_file, "/run/gpufence/quota", true));
     mounts.push(bind(&preload, "/etc/ld.so.preload", true));
-    mounts.push(bind(&common::cdylib("libgpufence.so"), "/usr/lib/gpufence/libgpufence.so", true));
+    mounts.push(bind(
+        &common::cdylib("libgpufence.so"),
+        "/usr/lib/gpufence/libgpufence.so",
+        true,
+    ));
     mounts.push(bind(
         &common::cdylib("libgpufence_mock_cuda.so"),
         "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        true,
+    ));
+    mounts.push(bind(
+        &common::cdylib("libgpufence_mock_nvml.so"),
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
         true,
     ));
     mounts.push(bind(&ctr_node, "/etc/gpufence-mock-node.json", true));
@@ -128,7 +144,11 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
             .arg(&bundle)
             .arg(&id),
     );
-    let _ = Command::new("runc").arg("--root").arg(&runc_root).args(["delete", "-f", &id]).output();
+    let _ = Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["delete", "-f", &id])
+        .output();
     assert_eq!(rc, 0, "runc failed: {err}\n{out}");
     let ctx = format!("container output:\n{out}\nstderr:\n{err}");
 
@@ -140,11 +160,18 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
     let rest = quota - 64 * MIB;
     assert_eq!(
         fills,
-        vec![format!("fill {quota}"), format!("fill {quota}"), format!("fill {rest}")],
+        vec![
+            format!("fill {quota}"),
+            format!("fill {quota}"),
+            format!("fill {rest}")
+        ],
         "{ctx}"
     );
     // VMM and pool allocations count: 64 MiB of them leave 36 MiB
-    assert!(out.contains("vmm 33554432 ok") && out.contains("pool 33554432 ok"), "{ctx}");
+    assert!(
+        out.contains("vmm 33554432 ok") && out.contains("pool 33554432 ok"),
+        "{ctx}"
+    );
     assert!(out.contains(&format!("info {rest} {quota}")), "{ctx}");
     // 8 concurrent processes never above the quota together
     let randoms = lines(&out, "random");
@@ -155,8 +182,16 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
         assert!(peak <= quota, "{r}\n{ctx}");
     }
     // the holder's 80 MiB is seen by its neighbour, then reclaimed after SIGKILL
-    assert!(out.contains(&format!("neighbour info {} {quota}", 20 * MIB)), "{ctx}");
+    assert!(
+        out.contains(&format!("neighbour info {} {quota}", 20 * MIB)),
+        "{ctx}"
+    );
     assert!(out.contains("neighbour alloc 31457280 err 2"), "{ctx}");
+    // nvidia-smi's view (NVML) in another process: the slice and the container's usage
+    assert!(
+        out.contains(&format!("neighbour nvml {quota} {} {}", 20 * MIB, 80 * MIB)),
+        "{ctx}"
+    );
     assert!(out.contains(&format!("after-kill fill {quota}")), "{ctx}");
     assert!(out.contains("accounting 666"), "{ctx}");
     assert!(out.contains("quota-readonly"), "{ctx}");

@@ -76,7 +76,14 @@ pub struct Array3dDesc {
 
 /// Bytes an array (or all levels of a mipmapped array) takes; formats we do not know are
 /// charged as 16 bytes per channel (the widest element), so nothing is charged as zero.
-fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint, levels: c_uint) -> u64 {
+fn array_bytes(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> u64 {
     let elem: u64 = match format {
         0x01 | 0x08 => 1,
         0x02 | 0x09 | 0x10 => 2,
@@ -221,17 +228,31 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
             let m = real_or!(cuMemAllocManaged);
             return unsafe { m(dptr, bytes, ATTACH_GLOBAL) };
         }
-        charged(e, Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes) }, || unsafe { read_ptr(dptr) })
+        charged(
+            e,
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut u64,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocManaged);
-        charged(enforce_current(), Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes, flags) }, || unsafe {
-            read_ptr(dptr)
-        })
+        charged(
+            enforce_current(),
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes, flags) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
@@ -249,7 +270,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             return unsafe { f(dptr, pitch, width, height, elem) };
         };
         // charge the widest pitch the driver may choose, then settle on the real one
-        let estimate = (width.div_ceil(512) as u64).saturating_mul(512).saturating_mul(height as u64);
+        let estimate = (width.div_ceil(512) as u64)
+            .saturating_mul(512)
+            .saturating_mul(height as u64);
         if !cfg.region.charge(a.idx, estimate, a.limit) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -289,19 +312,31 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync);
-        charged(enforce_current(), Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes, stream) }, || unsafe {
-            read_ptr(dptr)
-        })
+        charged(
+            enforce_current(),
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes, stream) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut u64,
+    bytes: usize,
+    stream: usize,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync_ptsz);
-        charged(enforce_current(), Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes, stream) }, || unsafe {
-            read_ptr(dptr)
-        })
+        charged(
+            enforce_current(),
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes, stream) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
@@ -315,12 +350,21 @@ fn enforce_pool(pool: usize) -> Option<(&'static Config, Acct)> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(dptr: *mut u64, bytes: usize, pool: usize, stream: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut u64,
+    bytes: usize,
+    pool: usize,
+    stream: usize,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync);
-        charged(enforce_pool(pool), Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes, pool, stream) }, || unsafe {
-            read_ptr(dptr)
-        })
+        charged(
+            enforce_pool(pool),
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes, pool, stream) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
@@ -333,9 +377,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync_ptsz);
-        charged(enforce_pool(pool), Kind::Linear, bytes as u64, || unsafe { f(dptr, bytes, pool, stream) }, || unsafe {
-            read_ptr(dptr)
-        })
+        charged(
+            enforce_pool(pool),
+            Kind::Linear,
+            bytes as u64,
+            || unsafe { f(dptr, bytes, pool, stream) },
+            || unsafe { read_ptr(dptr) },
+        )
     })
 }
 
@@ -418,18 +466,31 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUr
 // Virtual memory management (PyTorch expandable segments)
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const PropHead, flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const PropHead,
+    flags: u64,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemCreate);
         let e = if prop.is_null() || state::config().is_none() {
             None
         } else {
             let p = unsafe { &*prop };
-            if p.location_type == LOCATION_DEVICE { enforce_dev(p.location_id) } else { None }
+            if p.location_type == LOCATION_DEVICE {
+                enforce_dev(p.location_id)
+            } else {
+                None
+            }
         };
-        charged(e, Kind::Vmm, size as u64, || unsafe { f(handle, size, prop, flags) }, || unsafe {
-            read_ptr(handle)
-        })
+        charged(
+            e,
+            Kind::Vmm,
+            size as u64,
+            || unsafe { f(handle, size, prop, flags) },
+            || unsafe { read_ptr(handle) },
+        )
     })
 }
 
@@ -452,14 +513,21 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
         }
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, 0, d.format, d.channels, 1);
-        charged(enforce_current(), Kind::Array, bytes, || unsafe { f(handle, desc) }, || unsafe {
-            read_ptr(handle.cast())
-        })
+        charged(
+            enforce_current(),
+            Kind::Array,
+            bytes,
+            || unsafe { f(handle, desc) },
+            || unsafe { read_ptr(handle.cast()) },
+        )
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut usize, desc: *const Array3dDesc) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuArray3DCreate_v2);
         if desc.is_null() {
@@ -467,14 +535,22 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut usize, desc: *const Arr
         }
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1);
-        charged(enforce_current(), Kind::Array, bytes, || unsafe { f(handle, desc) }, || unsafe {
-            read_ptr(handle.cast())
-        })
+        charged(
+            enforce_current(),
+            Kind::Array,
+            bytes,
+            || unsafe { f(handle, desc) },
+            || unsafe { read_ptr(handle.cast()) },
+        )
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut usize, desc: *const Array3dDesc, levels: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+    levels: c_uint,
+) -> CUresult {
     guard(|| {
         let f = real_or!(cuMipmappedArrayCreate);
         if desc.is_null() {
@@ -482,9 +558,13 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut usize, desc: *const
         }
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels);
-        charged(enforce_current(), Kind::Array, bytes, || unsafe { f(handle, desc, levels) }, || unsafe {
-            read_ptr(handle.cast())
-        })
+        charged(
+            enforce_current(),
+            Kind::Array,
+            bytes,
+            || unsafe { f(handle, desc, levels) },
+            || unsafe { read_ptr(handle.cast()) },
+        )
     })
 }
 
@@ -517,7 +597,13 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         }
         if let Some((cfg, a)) = enforce_current() {
             let (t, _, fr) = unsafe {
-                nvml::slice(a.limit, cfg.region.used(a.idx), total.read() as u64, free.read() as u64, 0)
+                nvml::slice(
+                    a.limit,
+                    cfg.region.used(a.idx),
+                    total.read() as u64,
+                    free.read() as u64,
+                    0,
+                )
             };
             unsafe {
                 total.write(t as usize);
@@ -549,7 +635,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Ptr, mem: *mut nvml::Me
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Ptr, mem: *mut nvml::MemoryV2) -> c_int {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: Ptr,
+    mem: *mut nvml::MemoryV2,
+) -> c_int {
     nvml::guard(|| nvml::get_memory_info_v2(device, mem))
 }
 
@@ -671,7 +760,12 @@ unsafe fn swap_proc(pfn: *mut Ptr, r: CUresult) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut Ptr, version: c_int, flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut Ptr,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
     guard(|| {
         let r = match real::cuGetProcAddress() {
             Some(f) => unsafe { f(symbol, pfn, version, flags) },
@@ -779,7 +873,10 @@ mod tests {
         let g = 1u64 << 30;
         assert_eq!(nvml::slice(4 * g, g, 80 * g, 70 * g, 0), (4 * g, g, 3 * g));
         // never more than the device
-        assert_eq!(nvml::slice(100 * g, 0, 80 * g, 80 * g, 0), (80 * g, 0, 80 * g));
+        assert_eq!(
+            nvml::slice(100 * g, 0, 80 * g, 80 * g, 0),
+            (80 * g, 0, 80 * g)
+        );
         // real free is the bound when neighbours used the device
         assert_eq!(nvml::slice(4 * g, 0, 80 * g, g, 0), (4 * g, 0, g));
     }

@@ -159,7 +159,11 @@ fn find_loaded(lib: Lib) -> *mut c_void {
         path: [u8; 4096],
         found: bool,
     }
-    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
         // SAFETY: dl_iterate_phdr passes valid info; data is our Search.
         let s = unsafe { &mut *(data as *mut Search) };
         let name = unsafe { (*info).dlpi_name };
@@ -280,10 +284,13 @@ pub fn seed(id: Id, p: usize) {
 
 /// Id of a real function by exact name.
 pub fn id_of(name: &[u8]) -> Option<Id> {
-    TABLE.iter().position(|(n, _)| n.to_bytes() == name).map(|i| {
-        // SAFETY: Id is repr(usize) with variants 0..TABLE.len() in table order.
-        unsafe { std::mem::transmute::<usize, Id>(i) }
-    })
+    TABLE
+        .iter()
+        .position(|(n, _)| n.to_bytes() == name)
+        .map(|i| {
+            // SAFETY: Id is repr(usize) with variants 0..TABLE.len() in table order.
+            unsafe { std::mem::transmute::<usize, Id>(i) }
+        })
 }
 
 /// Id whose resolved real address equals `p`.

@@ -128,9 +128,17 @@ fn open_file(dir: &CStr) -> Option<&'static Region> {
         }
         let r = &*(p as *const Region);
         // first user stamps the header; anyone else must find the same layout
-        let _ = r.header.layout.compare_exchange(0, LAYOUT, Ordering::AcqRel, Ordering::Acquire);
-        let _ = r.header.magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
-        if r.header.magic.load(Ordering::Acquire) != MAGIC || r.header.layout.load(Ordering::Acquire) != LAYOUT {
+        let _ = r
+            .header
+            .layout
+            .compare_exchange(0, LAYOUT, Ordering::AcqRel, Ordering::Acquire);
+        let _ = r
+            .header
+            .magic
+            .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+        if r.header.magic.load(Ordering::Acquire) != MAGIC
+            || r.header.layout.load(Ordering::Acquire) != LAYOUT
+        {
             libc::munmap(p, SIZE);
             return None;
         }
@@ -194,7 +202,11 @@ pub fn my_key() -> u64 {
     }
     // SAFETY: getpid never fails.
     let pid = unsafe { libc::getpid() } as u32;
-    let start = if proc_ok() { stat_of("self").map_or(0, |s| s.0) } else { 0 };
+    let start = if proc_ok() {
+        stat_of("self").map_or(0, |s| s.0)
+    } else {
+        0
+    };
     let k = make_key(pid, start);
     MY_KEY.store(k, Ordering::Relaxed);
     k
@@ -208,14 +220,19 @@ fn dead(key: u64) -> bool {
     let pid = key >> START_BITS;
     match stat_of(&pid.to_string()) {
         None => std::path::Path::new("/proc/self/stat").exists(),
-        Some((start, zombie)) => zombie || (start & ((1 << START_BITS) - 1)) != (key & ((1 << START_BITS) - 1)),
+        Some((start, zombie)) => {
+            zombie || (start & ((1 << START_BITS) - 1)) != (key & ((1 << START_BITS) - 1))
+        }
     }
 }
 
 impl Region {
     /// Bytes charged container-wide on quota device `d`.
     pub fn used(&self, d: usize) -> u64 {
-        self.header.used.get(d).map_or(0, |u| u.load(Ordering::Acquire))
+        self.header
+            .used
+            .get(d)
+            .map_or(0, |u| u.load(Ordering::Acquire))
     }
 
     /// Reclaim every slot whose process is gone. `me` is this process's key; a slot holding
@@ -237,8 +254,7 @@ impl Region {
                 owner == me || dead(owner)
             };
             if stale
-                && s
-                    .owner
+                && s.owner
                     .compare_exchange(owner, RECLAIM | me, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
@@ -270,7 +286,10 @@ impl Region {
         self.reclaim_dead();
         let me = my_key();
         for (i, s) in self.slots.iter().enumerate() {
-            if s.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if s.owner
+                .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 // another thread of ours may have won meanwhile: keep the first, free ours
                 match MY_SLOT.compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => return Some(s),
@@ -323,7 +342,9 @@ impl Region {
 }
 
 fn sub_sat(a: &AtomicU64, v: u64) {
-    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(v)));
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        Some(u.saturating_sub(v))
+    });
 }
 
 #[cfg(test)]

@@ -100,7 +100,10 @@ fn load() -> Option<Config> {
             warn("cannot map any accounting region; refusing all device memory");
             return Some(Config {
                 oversubscribe: false,
-                entries: entries.into_iter().map(|e| Entry { limit: 0, ..e }).collect(),
+                entries: entries
+                    .into_iter()
+                    .map(|e| Entry { limit: 0, ..e })
+                    .collect(),
                 region: empty_region()?,
                 backing: Backing::Private,
             });
@@ -176,7 +179,9 @@ fn env_entries() -> Option<(bool, Vec<Entry>)> {
         }
         // malformed value: fail closed on that device
         let limit = v.trim().parse::<u64>().unwrap_or_else(|_| {
-            warn(&format!("{k}={v} is not a byte count; device {ordinal} gets no memory"));
+            warn(&format!(
+                "{k}={v} is not a byte count; device {ordinal} gets no memory"
+            ));
             0
         });
         entries.push(Entry {
@@ -253,7 +258,10 @@ fn acct(cfg: &Config, idx: usize) -> Acct {
 
 fn uuid_of(dev: c_int) -> Option<[u8; 16]> {
     let mut u = [0u8; 16];
-    for f in [real::cuDeviceGetUuid_v2(), real::cuDeviceGetUuid()].into_iter().flatten() {
+    for f in [real::cuDeviceGetUuid_v2(), real::cuDeviceGetUuid()]
+        .into_iter()
+        .flatten()
+    {
         // SAFETY: real driver call with a valid out-buffer.
         if unsafe { f(&mut u, dev) } == 0 {
             return Some(u);
@@ -296,7 +304,9 @@ pub fn entry_for_nvml(cfg: &Config, uuid: Option<&str>, index: Option<u32>) -> O
         .position(|e| u.is_some() && e.uuid == u)
         .or_else(|| {
             let i = index?;
-            cfg.entries.iter().position(|e| e.ordinal == i && (e.uuid.is_none() || u.is_none()))
+            cfg.entries
+                .iter()
+                .position(|e| e.ordinal == i && (e.uuid.is_none() || u.is_none()))
         })?;
     (cfg.entries[idx].limit != u64::MAX).then(|| acct(cfg, idx))
 }
@@ -317,8 +327,14 @@ mod tests {
         let u = parse_uuid("GPU-2f5d1c3a-0000-1111-2222-333344445555").unwrap();
         assert_eq!(u[0], 0x2f);
         assert_eq!(u[15], 0x55);
-        assert_eq!(parse_uuid("MIG-2f5d1c3a-0000-1111-2222-333344445555"), Some(u));
+        assert_eq!(
+            parse_uuid("MIG-2f5d1c3a-0000-1111-2222-333344445555"),
+            Some(u)
+        );
         assert_eq!(parse_uuid("GPU-1"), None);
-        assert_eq!(parse_uuid("MIG-GPU-2f5d1c3a-0000-1111-2222-333344445555/1/0"), None);
+        assert_eq!(
+            parse_uuid("MIG-GPU-2f5d1c3a-0000-1111-2222-333344445555/1/0"),
+            None
+        );
     }
 }

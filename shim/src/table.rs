@@ -54,7 +54,12 @@ fn table() -> Option<&'static [Entry]> {
         if m == libc::MAP_FAILED {
             return None;
         }
-        match TABLE.compare_exchange(std::ptr::null_mut(), m.cast(), Ordering::AcqRel, Ordering::Acquire) {
+        match TABLE.compare_exchange(
+            std::ptr::null_mut(),
+            m.cast(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => p = m.cast(),
             Err(other) => {
                 // SAFETY: our own unpublished mapping.
@@ -92,7 +97,9 @@ pub fn insert(kind: Kind, handle: u64, val: u64) -> bool {
         let e = &t[(s + i) & (CAP - 1)];
         let cur = e.key.load(Ordering::Acquire);
         if (cur == 0 || cur == TOMB)
-            && e.key.compare_exchange(cur, k, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            && e.key
+                .compare_exchange(cur, k, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
         {
             e.val.store(val, Ordering::Release);
             return true;
@@ -114,7 +121,10 @@ pub fn take(kind: Kind, handle: u64) -> Option<u64> {
         }
         if cur == k {
             let v = e.val.load(Ordering::Acquire);
-            if e.key.compare_exchange(k, TOMB, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if e.key
+                .compare_exchange(k, TOMB, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return Some(v);
             }
             return None;

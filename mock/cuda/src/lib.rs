@@ -204,7 +204,11 @@ fn release(kind: Kind, handle: u64) -> CUresult {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let removed = s.allocs.lock().ok().and_then(|mut m| m.remove(&(kind as u8, handle)));
+    let removed = s
+        .allocs
+        .lock()
+        .ok()
+        .and_then(|mut m| m.remove(&(kind as u8, handle)));
     match removed {
         Some((dev, bytes)) => {
             if let Some(d) = s.devices.get(dev) {
@@ -344,18 +348,22 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 
 /// A few attributes programs commonly ask for; everything else reads 0.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let s = tri!(state());
         tri!(device(s, dev));
         let v = match attrib {
-            1 => 1024,   // MAX_THREADS_PER_BLOCK
-            10 => 32,    // WARP_SIZE
-            16 => 132,   // MULTIPROCESSOR_COUNT
-            75 => 9,     // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,     // COMPUTE_CAPABILITY_MINOR
-            115 => 1,    // MEMORY_POOLS_SUPPORTED
-            102 => 1,    // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            1 => 1024, // MAX_THREADS_PER_BLOCK
+            10 => 32,  // WARP_SIZE
+            16 => 132, // MULTIPROCESSOR_COUNT
+            75 => 9,   // COMPUTE_CAPABILITY_MAJOR
+            76 => 0,   // COMPUTE_CAPABILITY_MINOR
+            115 => 1,  // MEMORY_POOLS_SUPPORTED
+            102 => 1,  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             _ => 0,
         };
         unsafe { put(pi, v) }
@@ -371,7 +379,11 @@ fn ctx_for(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut usize, _flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut usize,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
@@ -504,7 +516,11 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
     unsafe { cuMemAlloc_v2(dptr, bytes) }
 }
 
@@ -518,13 +534,22 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem: c_uint,
 ) -> CUresult {
     guard(|| {
-        if dptr.is_null() || pitch.is_null() || !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
+        if dptr.is_null()
+            || pitch.is_null()
+            || !matches!(elem, 4 | 8 | 16)
+            || width == 0
+            || height == 0
+        {
             return CUDA_ERROR_INVALID_VALUE;
         }
         let s = tri!(state());
         let dev = tri!(current_device(s));
         let p = width.div_ceil(512) * 512;
-        let ptr = tri!(alloc_linear(dev, (p as u64).saturating_mul(height as u64), Kind::Linear));
+        let ptr = tri!(alloc_linear(
+            dev,
+            (p as u64).saturating_mul(height as u64),
+            Kind::Linear
+        ));
         unsafe {
             pitch.write(p);
             dptr.write(ptr);
@@ -545,7 +570,9 @@ fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
         return Ok((pool - POOL_BASE) as usize);
     }
     let m = s.allocs.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    m.get(&(Kind::Pool as u8, pool)).map(|e| e.0).ok_or(CUDA_ERROR_INVALID_VALUE)
+    m.get(&(Kind::Pool as u8, pool))
+        .map(|e| e.0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
@@ -597,12 +624,20 @@ pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, _stream: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    _stream: usize,
+) -> CUresult {
     unsafe { cuMemAlloc_v2(dptr, bytes) }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: usize,
+) -> CUresult {
     unsafe { cuMemAllocAsync(dptr, bytes, stream) }
 }
 
@@ -672,10 +707,15 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const PropHead, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const PropHead,
+    _flags: u64,
+) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        if handle.is_null() || prop.is_null() || size == 0 || size % VMM_GRANULARITY != 0 {
+        if handle.is_null() || prop.is_null() || size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null pointer to the caller's prop.
@@ -698,10 +738,16 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: u64, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _align: usize,
+    _addr: u64,
+    _flags: u64,
+) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        if size == 0 || size % VMM_GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         let p = s.next_ptr.fetch_add(size as u64, Ordering::Relaxed);
@@ -718,7 +764,13 @@ pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult 
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemMap(_ptr: CUdeviceptr, _size: usize, _offset: usize, _handle: u64, _flags: u64) -> CUresult {
+pub extern "C" fn cuMemMap(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    _offset: usize,
+    _handle: u64,
+    _flags: u64,
+) -> CUresult {
     guard(|| {
         tri!(state());
         CUDA_SUCCESS
@@ -734,7 +786,12 @@ pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemSetAccess(_ptr: CUdeviceptr, _size: usize, _desc: *const c_void, _count: usize) -> CUresult {
+pub extern "C" fn cuMemSetAccess(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    _desc: *const c_void,
+    _count: usize,
+) -> CUresult {
     guard(|| {
         tri!(state());
         CUDA_SUCCESS
@@ -775,7 +832,14 @@ pub fn format_bytes(format: c_uint) -> Option<u64> {
 
 /// Bytes of a width × height × depth array (zero extents count as 1), each level of a
 /// mipmapped array halving every extent.
-pub fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint, levels: c_uint) -> Option<u64> {
+pub fn array_bytes(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> Option<u64> {
     let elem = format_bytes(format)?;
     if !matches!(channels, 1 | 2 | 4) || w == 0 || levels == 0 {
         return None;
@@ -783,7 +847,10 @@ pub fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uin
     let (mut w, mut h, mut d) = (w as u64, h.max(1) as u64, d.max(1) as u64);
     let mut total: u64 = 0;
     for _ in 0..levels {
-        let lvl = w.checked_mul(h)?.checked_mul(d)?.checked_mul(elem * channels as u64)?;
+        let lvl = w
+            .checked_mul(h)?
+            .checked_mul(d)?
+            .checked_mul(elem * channels as u64)?;
         total = total.checked_add(lvl)?;
         w = (w / 2).max(1);
         h = (h / 2).max(1);
@@ -812,31 +879,53 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
-        unsafe { array_create(handle, array_bytes(d.width, d.height, 0, d.format, d.channels, 1)) }
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, 0, d.format, d.channels, 1),
+            )
+        }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut usize, desc: *const Array3dDesc) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+) -> CUresult {
     guard(|| {
         if desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
-        unsafe { array_create(handle, array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1)) }
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1),
+            )
+        }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut usize, desc: *const Array3dDesc, levels: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+    levels: c_uint,
+) -> CUresult {
     guard(|| {
         if desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
-        unsafe { array_create(handle, array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels)) }
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels),
+            )
+        }
     })
 }
 
@@ -931,19 +1020,63 @@ macro_rules! table {
 
 fn exports() -> &'static [(&'static str, usize)] {
     static T: OnceLock<Vec<(&'static str, usize)>> = OnceLock::new();
-    T.get_or_init(|| table!(
-        cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceGetUuid,
-        cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDeviceGetAttribute, cuCtxCreate_v2, cuCtxDestroy_v2,
-        cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease_v2, cuCtxSetCurrent, cuCtxPushCurrent_v2,
-        cuCtxPopCurrent_v2, cuCtxGetCurrent, cuCtxGetDevice, cuCtxSynchronize, cuMemGetInfo_v2,
-        cuMemAlloc_v2, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemFree_v2, cuDeviceGetDefaultMemPool,
-        cuDeviceGetMemPool, cuMemPoolCreate, cuMemPoolDestroy, cuMemAllocAsync, cuMemAllocAsync_ptsz,
-        cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz,
-        cuStreamSynchronize, cuMemGetAllocationGranularity, cuMemCreate, cuMemRelease,
-        cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuMemSetAccess, cuArrayCreate_v2,
-        cuArray3DCreate_v2, cuMipmappedArrayCreate, cuArrayDestroy, cuMipmappedArrayDestroy,
-        cuLaunchKernel, cuLaunchKernel_ptsz, cuGetErrorString, cuGetProcAddress, cuGetProcAddress_v2,
-    ))
+    T.get_or_init(|| {
+        table!(
+            cuInit,
+            cuDriverGetVersion,
+            cuDeviceGetCount,
+            cuDeviceGet,
+            cuDeviceGetName,
+            cuDeviceGetUuid,
+            cuDeviceGetUuid_v2,
+            cuDeviceTotalMem_v2,
+            cuDeviceGetAttribute,
+            cuCtxCreate_v2,
+            cuCtxDestroy_v2,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2,
+            cuCtxSetCurrent,
+            cuCtxPushCurrent_v2,
+            cuCtxPopCurrent_v2,
+            cuCtxGetCurrent,
+            cuCtxGetDevice,
+            cuCtxSynchronize,
+            cuMemGetInfo_v2,
+            cuMemAlloc_v2,
+            cuMemAllocManaged,
+            cuMemAllocPitch_v2,
+            cuMemFree_v2,
+            cuDeviceGetDefaultMemPool,
+            cuDeviceGetMemPool,
+            cuMemPoolCreate,
+            cuMemPoolDestroy,
+            cuMemAllocAsync,
+            cuMemAllocAsync_ptsz,
+            cuMemAllocFromPoolAsync,
+            cuMemAllocFromPoolAsync_ptsz,
+            cuMemFreeAsync,
+            cuMemFreeAsync_ptsz,
+            cuStreamSynchronize,
+            cuMemGetAllocationGranularity,
+            cuMemCreate,
+            cuMemRelease,
+            cuMemAddressReserve,
+            cuMemAddressFree,
+            cuMemMap,
+            cuMemUnmap,
+            cuMemSetAccess,
+            cuArrayCreate_v2,
+            cuArray3DCreate_v2,
+            cuMipmappedArrayCreate,
+            cuArrayDestroy,
+            cuMipmappedArrayDestroy,
+            cuLaunchKernel,
+            cuLaunchKernel_ptsz,
+            cuGetErrorString,
+            cuGetProcAddress,
+            cuGetProcAddress_v2,
+        )
+    })
 }
 
 /// Resolve a base name the way the driver does: per-thread-default-stream variant first when
@@ -987,7 +1120,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
                 status.write(if found.is_some() { 0 } else { 1 });
             }
         }
-        if found.is_some() { CUDA_SUCCESS } else { CUDA_ERROR_NOT_FOUND }
+        if found.is_some() {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_NOT_FOUND
+        }
     })
 }
 
@@ -1022,8 +1159,14 @@ mod tests {
 
     #[test]
     fn proc_address_versions() {
-        assert_eq!(resolve("cuMemAlloc", 0), Some(cuMemAlloc_v2 as *const c_void as usize));
-        assert_eq!(resolve("cuMemAllocAsync", 2), Some(cuMemAllocAsync_ptsz as *const c_void as usize));
+        assert_eq!(
+            resolve("cuMemAlloc", 0),
+            Some(cuMemAlloc_v2 as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuMemAllocAsync", 2),
+            Some(cuMemAllocAsync_ptsz as *const c_void as usize)
+        );
         assert_eq!(resolve("cuInit", 0), Some(cuInit as *const c_void as usize));
         assert_eq!(resolve("cuNothing", 0), None);
     }
