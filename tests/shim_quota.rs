@@ -470,3 +470,33 @@ fn nvml_reports_the_containers_slice() {
         "{out}"
     );
 }
+
+#[test]
+fn oversubscribe_spills_past_the_quota_instead_of_failing() {
+    let Some(node) = Node::new("shim-over", &[256]) else {
+        return;
+    };
+    let q = node
+        .quota(&[(0, 0, 10 * MIB)])
+        .replace("oversubscribe=0", "oversubscribe=1");
+    let st = node.state("o", Some(&q));
+    // cuMemAlloc_v2 past the quota is served as managed (host-backed) memory, not charged
+    let out = node.run(
+        "dlsym",
+        &st,
+        &[
+            "alloc",
+            &(8 * MIB).to_string(),
+            "alloc",
+            &(8 * MIB).to_string(),
+            "info",
+        ],
+    );
+    assert_eq!(lines(&out, "alloc").len(), 2);
+    assert!(!out.contains("err"), "{out}");
+    assert_eq!(
+        field(&out, "info"),
+        vec![(2 * MIB).to_string(), (10 * MIB).to_string()],
+        "{out}"
+    );
+}

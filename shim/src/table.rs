@@ -159,3 +159,41 @@ pub fn pack(dev: usize, bytes: u64) -> u64 {
 pub fn unpack(v: u64) -> (usize, u64) {
     ((v >> 56) as usize, v & ((1 << 56) - 1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_take_get() {
+        assert!(insert(Kind::Linear, 0x7f00_0000_1000, pack(3, 4096)));
+        assert_eq!(
+            get(Kind::Linear, 0x7f00_0000_1000).map(unpack),
+            Some((3, 4096))
+        );
+        // same handle value, other kind: a different entry
+        assert_eq!(get(Kind::Vmm, 0x7f00_0000_1000), None);
+        assert_eq!(
+            take(Kind::Linear, 0x7f00_0000_1000).map(unpack),
+            Some((3, 4096))
+        );
+        assert_eq!(take(Kind::Linear, 0x7f00_0000_1000), None);
+    }
+
+    #[test]
+    fn colliding_windows_and_tombstones() {
+        // handles 128 MiB apart share a start slot; all stay findable, freed slots are reused
+        let stride = (CAP as u64) * 512;
+        let hs: Vec<u64> = (1..=50).map(|i| 0x5000_0000_0000 + i * stride).collect();
+        for (i, h) in hs.iter().enumerate() {
+            assert!(insert(Kind::Array, *h, pack(0, i as u64 + 1)));
+        }
+        for (i, h) in hs.iter().enumerate().rev() {
+            assert_eq!(take(Kind::Array, *h), Some(pack(0, i as u64 + 1)));
+        }
+        for _ in 0..10_000 {
+            assert!(insert(Kind::Array, hs[0], 7));
+            assert_eq!(take(Kind::Array, hs[0]), Some(7));
+        }
+    }
+}

@@ -715,7 +715,8 @@ pub unsafe extern "C" fn cuMemCreate(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        if handle.is_null() || prop.is_null() || size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
+        if handle.is_null() || prop.is_null() || size == 0 || !size.is_multiple_of(VMM_GRANULARITY)
+        {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null pointer to the caller's prop.
