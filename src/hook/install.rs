@@ -181,3 +181,24 @@ mod tests {
         assert_eq!(p["stages"], json!(["poststop"]));
     }
 }
+
+#[cfg(test)]
+mod shipped {
+    /// The drop-ins shipped in `hooks/` (installed by the packages under
+    /// /usr/share/gpufence/hooks) are what `install` writes for the default configuration.
+    #[test]
+    fn shipped_files_match_generated() {
+        let files = super::drop_ins(
+            &crate::config::Config::default(),
+            std::path::Path::new("/usr/bin/gpufence"),
+            None,
+            crate::hook::Stage::Prestart,
+        );
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
+        for (name, v) in files {
+            let shipped: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
+            assert_eq!(shipped, v, "hooks/{name} is stale: regenerate with `gpufence hook install --dir hooks --binary /usr/bin/gpufence`");
+        }
+    }
+}
