@@ -17,7 +17,6 @@ struct Env {
     dir: PathBuf,
     /// podman refuses a runroot longer than 50 characters.
     runroot: PathBuf,
-    #[allow(dead_code)]
     config: PathBuf,
     hooks: PathBuf,
     rootfs: PathBuf,
@@ -56,6 +55,19 @@ fn setup(name: &str) -> Option<Env> {
 
 impl Env {
     fn podman(&self, args: &[&str], script: &str) -> (i32, String, String) {
+        self.podman_with("runc", true, args, script)
+    }
+
+    /// podman with a given `--runtime`, with or without the hooks directory.
+    fn podman_with(
+        &self,
+        runtime: &str,
+        hooks: bool,
+        args: &[&str],
+        script: &str,
+    ) -> (i32, String, String) {
+        let empty = self.dir.join("no-hooks");
+        std::fs::create_dir_all(&empty).unwrap();
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("podman/root"))
@@ -69,10 +81,10 @@ impl Env {
                 "--events-backend",
                 "file",
                 "--runtime",
-                "runc",
+                runtime,
                 "--hooks-dir",
             ])
-            .arg(&self.hooks)
+            .arg(if hooks { &self.hooks } else { &empty })
             .args([
                 "run",
                 "--rm",
@@ -418,4 +430,95 @@ fn attack_dotdot_in_annotation_and_cdi_spec_is_refused() {
     assert!(!Path::new("/etc/gpufence-evil0").exists());
     assert!(!e.rootfs.join("etc/gpufence-evil0").exists());
     assert_eq!(etc, digest(Path::new("/etc")));
+}
+
+/// What a container sees of its GPU allocation: device nodes (type, numbers, mode, owner, what
+/// opening them gives), gpufence-related mounts with ro/rw, the quota, the preload file.
+fn allocation_view(out: &str) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for l in out.lines() {
+        if let Some(rest) = l.strip_prefix("MI ") {
+            let f: Vec<&str> = rest.split(' ').collect();
+            if f.len() < 6 {
+                continue;
+            }
+            let mp = f[4];
+            let wanted = mp.starts_with("/usr/")
+                || mp.starts_with("/lib")
+                || mp == "/etc/ld.so.preload"
+                || mp.starts_with("/run/gpufence")
+                || mp.starts_with("/dev/nvidia");
+            if wanted {
+                let ro = f[5].split(',').any(|o| o == "ro");
+                v.push(format!("mount {mp} {}", if ro { "ro" } else { "rw" }));
+            }
+        } else if !l.trim().is_empty() {
+            v.push(l.to_string());
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn hook_and_runtime_give_the_same_allocation() {
+    let Some(e) = setup("hook-podman-vs-runtime") else {
+        return;
+    };
+    let wrapper = e.dir.join("gpufence-runtime.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nGPUFENCE_CONFIG={} exec {} \"$@\"\n",
+            e.config.display(),
+            common::bin("gpufence-runtime").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let script = "for f in /dev/nvidia*; do echo \"NODE $(stat -c '%n %F %t:%T %a %u:%g' $f) \
+        $(cat $f 2>&1 | head -c 80)\"; done; \
+        grep -v '^#' /run/gpufence/quota | sed 's/^/QUOTA /'; \
+        sed 's/^/PRELOAD /' /etc/ld.so.preload; \
+        sed 's/^/MI /' /proc/self/mountinfo";
+    let ann = [
+        "--annotation",
+        "gpufence.dev/devices=1",
+        "--annotation",
+        "gpufence.dev/memory=4Gi",
+        "--annotation",
+        "gpufence.dev/cores=50",
+    ];
+    let (c1, via_hook, err1) = e.podman_with("runc", true, &ann, script);
+    assert_eq!(c1, 0, "{via_hook}{err1}\n{}", e.log());
+    let (c2, via_runtime, err2) = e.podman_with(wrapper.to_str().unwrap(), false, &ann, script);
+    assert_eq!(c2, 0, "{via_runtime}{err2}\n{}", e.log());
+    let (h, r) = (allocation_view(&via_hook), allocation_view(&via_runtime));
+    assert!(
+        h.iter().any(|l| l.starts_with("NODE /dev/nvidia1 ")),
+        "{h:#?}"
+    );
+    assert!(
+        h.iter()
+            .any(|l| l.contains("QUOTA device.0.memory=4294967296")),
+        "{h:#?}"
+    );
+    assert!(
+        h.iter().any(|l| l == "mount /etc/ld.so.preload ro"),
+        "{h:#?}"
+    );
+    assert!(
+        h.iter().any(|l| l == "mount /run/gpufence/quota ro"),
+        "{h:#?}"
+    );
+    assert!(
+        !h.iter().any(|l| l.starts_with("NODE /dev/nvidia0 ")),
+        "{h:#?}"
+    );
+    assert_eq!(h, r, "hook and runtime differ");
 }

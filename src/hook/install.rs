@@ -198,7 +198,10 @@ mod shipped {
         for (name, v) in files {
             let shipped: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
-            assert_eq!(shipped, v, "hooks/{name} is stale: regenerate with `gpufence hook install --dir hooks --binary /usr/bin/gpufence`");
+            assert_eq!(
+                shipped, v,
+                "hooks/{name} is stale: regenerate with `gpufence hook install --dir hooks --binary /usr/bin/gpufence`"
+            );
         }
     }
 }
