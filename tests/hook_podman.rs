@@ -485,6 +485,8 @@ fn hook_and_runtime_give_the_same_allocation() {
         $(cat $f 2>&1 | head -c 80)\"; done; \
         grep -v '^#' /run/gpufence/quota | sed 's/^/QUOTA /'; \
         sed 's/^/PRELOAD /' /etc/ld.so.preload; \
+        test -s /etc/ld.so.cache && echo LDCACHE-PRESENT; \
+        sed 's/^/LDCONF /' /etc/ld.so.conf.d/*.conf; \
         sed 's/^/MI /' /proc/self/mountinfo";
     let ann = [
         "--annotation",
