@@ -522,5 +522,6 @@ fn hook_and_runtime_give_the_same_allocation() {
         !h.iter().any(|l| l.starts_with("NODE /dev/nvidia0 ")),
         "{h:#?}"
     );
+    assert!(h.iter().any(|l| l == "LDCACHE-PRESENT"), "{h:#?}");
     assert_eq!(h, r, "hook and runtime differ");
 }
