@@ -21,12 +21,15 @@ fn generate(cfg: &Path, format: &str) -> String {
 }
 
 fn check(golden: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(golden);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(golden);
     if std::env::var_os("GPUFENCE_UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let expected =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if expected != actual {
         let line = expected
             .lines()
@@ -51,7 +54,11 @@ fn cdi_spec_is_pinned() {
     let dir = common::scratch("golden");
     let cfg = common::sim_node(&dir, 2, Some(1));
     let sim = dir.canonicalize().unwrap().display().to_string();
-    let bin = common::target_dir().canonicalize().unwrap().display().to_string();
+    let bin = common::target_dir()
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
     let normalise = |s: String| s.replace(&sim, "/SIM").replace(&bin, "/BIN");
 
     let yaml = normalise(generate(&cfg, "yaml"));

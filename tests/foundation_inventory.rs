@@ -16,14 +16,20 @@ const GIB: u64 = 1 << 30;
 fn sim(name: &str, gpus: u32, mig: Option<&str>) -> (PathBuf, Config) {
     let dir = common::scratch(name);
     let mut cmd = Command::new(common::bin("gpufence-sim"));
-    cmd.args(["node", "--dir"]).arg(&dir).args(["--gpus", &gpus.to_string()]);
+    cmd.args(["node", "--dir"])
+        .arg(&dir)
+        .args(["--gpus", &gpus.to_string()]);
     if let Some(m) = mig {
         cmd.args(["--mig-gpu", m]);
     }
     let (rc, out, err) = common::run(&mut cmd);
     assert_eq!(rc, 0, "gpufence-sim: {err}");
     let cfg_path = PathBuf::from(out.trim());
-    assert_eq!(cfg_path, dir.canonicalize().unwrap().join("config.toml"), "stdout is only the config path");
+    assert_eq!(
+        cfg_path,
+        dir.canonicalize().unwrap().join("config.toml"),
+        "stdout is only the config path"
+    );
     let cfg = Config::load(Some(&cfg_path)).unwrap();
     (dir, cfg)
 }
@@ -56,10 +62,17 @@ fn one_gpu() {
     assert!(g.uuid.starts_with("GPU-"));
     assert!(g.mig_capable && !g.mig_enabled && g.mig_devices.is_empty());
     assert_eq!(g.node.path, "/dev/nvidia0");
-    assert_eq!(g.node.host_path, dir.canonicalize().unwrap().join("dev/nvidia0"));
+    assert_eq!(
+        g.node.host_path,
+        dir.canonicalize().unwrap().join("dev/nvidia0")
+    );
     assert_eq!((g.node.kind, g.node.major, g.node.minor), ('c', 195, 0));
 
-    let ctl: Vec<_> = inv.control_nodes.iter().map(|n| (n.path.as_str(), n.major, n.minor)).collect();
+    let ctl: Vec<_> = inv
+        .control_nodes
+        .iter()
+        .map(|n| (n.path.as_str(), n.major, n.minor))
+        .collect();
     assert_eq!(
         ctl,
         [
@@ -77,28 +90,70 @@ fn one_gpu() {
             .unwrap_or_else(|| panic!("{p} missing from {:#?}", inv.driver_files))
     };
     let nvml = f("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06");
-    assert_eq!((nvml.kind, nvml.capability), (FileKind::Library, Capability::Utility));
-    assert_eq!(nvml.soname.as_deref(), Some("libnvidia-ml.so.1"));
-    assert_eq!(nvml.host_path, cfg.driver_root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06"));
-    let cuda = f("/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06");
-    assert_eq!((cuda.capability, cuda.soname.as_deref()), (Capability::Compute, Some("libcuda.so.1")));
-    assert_eq!(f("/usr/lib/x86_64-linux-gnu/libnvidia-encode.so.580.65.06").capability, Capability::Video);
-    assert_eq!(f("/usr/lib/x86_64-linux-gnu/libnvcuvid.so.580.65.06").soname.as_deref(), Some("libnvcuvid.so.1"));
-    assert_eq!(f("/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.580.65.06").capability, Capability::Graphics);
     assert_eq!(
-        f("/usr/lib/x86_64-linux-gnu/libnvidia-glcore.so.580.65.06").soname.as_deref(),
+        (nvml.kind, nvml.capability),
+        (FileKind::Library, Capability::Utility)
+    );
+    assert_eq!(nvml.soname.as_deref(), Some("libnvidia-ml.so.1"));
+    assert_eq!(
+        nvml.host_path,
+        cfg.driver_root
+            .join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06")
+    );
+    let cuda = f("/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06");
+    assert_eq!(
+        (cuda.capability, cuda.soname.as_deref()),
+        (Capability::Compute, Some("libcuda.so.1"))
+    );
+    assert_eq!(
+        f("/usr/lib/x86_64-linux-gnu/libnvidia-encode.so.580.65.06").capability,
+        Capability::Video
+    );
+    assert_eq!(
+        f("/usr/lib/x86_64-linux-gnu/libnvcuvid.so.580.65.06")
+            .soname
+            .as_deref(),
+        Some("libnvcuvid.so.1")
+    );
+    assert_eq!(
+        f("/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.580.65.06").capability,
+        Capability::Graphics
+    );
+    assert_eq!(
+        f("/usr/lib/x86_64-linux-gnu/libnvidia-glcore.so.580.65.06")
+            .soname
+            .as_deref(),
         Some("libnvidia-glcore.so.580.65.06")
     );
-    assert_eq!((f("/usr/bin/nvidia-smi").kind, f("/usr/bin/nvidia-smi").capability), (FileKind::Binary, Capability::Utility));
-    assert_eq!(f("/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin").kind, FileKind::Firmware);
-    assert_eq!(f("/lib/firmware/nvidia/580.65.06/gsp_tu10x.bin").kind, FileKind::Firmware);
+    assert_eq!(
+        (
+            f("/usr/bin/nvidia-smi").kind,
+            f("/usr/bin/nvidia-smi").capability
+        ),
+        (FileKind::Binary, Capability::Utility)
+    );
+    assert_eq!(
+        f("/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin").kind,
+        FileKind::Firmware
+    );
+    assert_eq!(
+        f("/lib/firmware/nvidia/580.65.06/gsp_tu10x.bin").kind,
+        FileKind::Firmware
+    );
     // Soname links are not driver files (the ldcache hook recreates them).
-    assert!(inv.driver_files.iter().all(|f| !f.container_path.ends_with(".so.1")));
+    assert!(
+        inv.driver_files
+            .iter()
+            .all(|f| !f.container_path.ends_with(".so.1"))
+    );
 
     // The table and the JSON of the CLI.
     let (rc, out, err) = gpufence(&cfg, &["inventory"]);
     assert_eq!(rc, 0, "{err}");
-    assert!(out.contains("GPU 0  GPU-") && out.contains("81559 MiB") && out.contains("compute:"), "{out}");
+    assert!(
+        out.contains("GPU 0  GPU-") && out.contains("81559 MiB") && out.contains("compute:"),
+        "{out}"
+    );
     let (rc, out, _) = gpufence(&cfg, &["inventory", "--json"]);
     assert_eq!(rc, 0);
     let parsed: inventory::Inventory = serde_json::from_str(&out).unwrap();
@@ -125,7 +180,12 @@ fn eight_gpus() {
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(ids, sorted, "NVML order is PCI order");
-    assert_eq!(inv.gpu_by_uuid(&inv.gpus[5].uuid.to_lowercase()).unwrap().index, 5);
+    assert_eq!(
+        inv.gpu_by_uuid(&inv.gpus[5].uuid.to_lowercase())
+            .unwrap()
+            .index,
+        5
+    );
 }
 
 #[test]
@@ -149,8 +209,17 @@ fn eight_gpus_all_mig() {
             assert!(m.uuid.starts_with("MIG-"));
             assert_eq!(m.caps.len(), 2);
             for c in &m.caps {
-                assert!(c.path.starts_with("/dev/nvidia-caps/nvidia-cap"), "{}", c.path);
-                assert_eq!(c.host_path, dir.canonicalize().unwrap().join(c.path.trim_start_matches('/')));
+                assert!(
+                    c.path.starts_with("/dev/nvidia-caps/nvidia-cap"),
+                    "{}",
+                    c.path
+                );
+                assert_eq!(
+                    c.host_path,
+                    dir.canonicalize()
+                        .unwrap()
+                        .join(c.path.trim_start_matches('/'))
+                );
                 assert_eq!((c.kind, c.major), ('c', 510));
                 assert_eq!(c.path, format!("/dev/nvidia-caps/nvidia-cap{}", c.minor));
                 assert!(caps.insert(c.minor), "capability minors are unique");
@@ -172,10 +241,16 @@ fn cache_is_used_and_invalidated() {
     assert!(cfg.state_dir.join(inventory::CACHE_FILE).is_file());
 
     // Break NVML: a warm cache must not need it.
-    let node_file = cfg.driver_root.join("usr/lib/x86_64-linux-gnu/gpufence-mock-node.json");
+    let node_file = cfg
+        .driver_root
+        .join("usr/lib/x86_64-linux-gnu/gpufence-mock-node.json");
     let good = std::fs::read(&node_file).unwrap();
     std::fs::write(&node_file, b"{ not json").unwrap();
-    assert_eq!(inventory::load(&cfg).unwrap(), first, "served from the cache");
+    assert_eq!(
+        inventory::load(&cfg).unwrap(),
+        first,
+        "served from the cache"
+    );
     let (rc, _, err) = gpufence(&cfg, &["inventory"]);
     assert_eq!(rc, 0, "CLI uses the cache too: {err}");
 
@@ -192,7 +267,10 @@ fn cache_is_used_and_invalidated() {
     let (rc, _, err) = gpufence(&cfg, &["inventory"]);
     assert_eq!(rc, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("libnvidia-ml.so.1") && err.contains("NVML"), "{err}");
+    assert!(
+        err.contains("libnvidia-ml.so.1") && err.contains("NVML"),
+        "{err}"
+    );
     std::fs::remove_file(dir.join("dev/nvidia7")).unwrap();
     std::fs::write(&node_file, &good).unwrap();
     assert_eq!(inventory::load(&cfg).unwrap(), first);
@@ -225,11 +303,21 @@ fn device_numbers_are_live() {
         .unwrap();
     }
     inventory::refresh_device_numbers(&mut inv, &cfg).unwrap();
-    let uvm = inv.control_nodes.iter().find(|n| n.path == "/dev/nvidia-uvm").unwrap();
+    let uvm = inv
+        .control_nodes
+        .iter()
+        .find(|n| n.path == "/dev/nvidia-uvm")
+        .unwrap();
     assert_eq!((uvm.major, uvm.minor), (497, 0));
     // And the cache notices (the key carries device numbers).
     assert_eq!(
-        inventory::load(&cfg).unwrap().control_nodes.iter().find(|n| n.path == "/dev/nvidia-uvm").unwrap().major,
+        inventory::load(&cfg)
+            .unwrap()
+            .control_nodes
+            .iter()
+            .find(|n| n.path == "/dev/nvidia-uvm")
+            .unwrap()
+            .major,
         497
     );
     // A node that disappeared is an error naming it.
@@ -246,18 +334,35 @@ fn nvml_missing_or_broken_is_one_line_exit_2() {
     let (dir, cfg) = sim("invnvml", 1, None);
     let cfg_path = dir.join("config-missing.toml");
     let text = std::fs::read_to_string(cfg.source.as_ref().unwrap()).unwrap();
-    std::fs::write(&cfg_path, text.replace(&cfg.nvml_library, "/nonexistent/libnvidia-ml.so.1")).unwrap();
-    let (rc, _, err) = common::run(Command::new(common::bin("gpufence")).arg("--config").arg(&cfg_path).arg("inventory"));
+    std::fs::write(
+        &cfg_path,
+        text.replace(&cfg.nvml_library, "/nonexistent/libnvidia-ml.so.1"),
+    )
+    .unwrap();
+    let (rc, _, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&cfg_path)
+            .arg("inventory"),
+    );
     assert_eq!(rc, 2);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
 
     // A node file that does not parse: the mock's init fails and gpufence says so.
-    std::fs::write(cfg.driver_root.join("usr/lib/x86_64-linux-gnu/gpufence-mock-node.json"), b"[]").unwrap();
+    std::fs::write(
+        cfg.driver_root
+            .join("usr/lib/x86_64-linux-gnu/gpufence-mock-node.json"),
+        b"[]",
+    )
+    .unwrap();
     let (rc, _, err) = gpufence(&cfg, &["cdi", "generate"]);
     assert_eq!(rc, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains(&cfg.nvml_library) && err.contains("init"), "{err}");
+    assert!(
+        err.contains(&cfg.nvml_library) && err.contains("init"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -266,15 +371,36 @@ fn cdi_output_errors_leave_no_file() {
         return;
     }
     let (dir, cfg) = sim("invcdiout", 1, None);
-    let (rc, _, err) = gpufence(&cfg, &["cdi", "generate", "--output", "/nonexistent-dir/x.yaml"]);
+    let (rc, _, err) = gpufence(
+        &cfg,
+        &["cdi", "generate", "--output", "/nonexistent-dir/x.yaml"],
+    );
     assert_eq!(rc, 1);
-    assert!(err.contains("/nonexistent-dir") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("/nonexistent-dir") && err.contains("does not exist"),
+        "{err}"
+    );
 
     // A read-only directory (root ignores mode bits, so use a read-only mount).
     let ro = dir.join("ro");
     std::fs::create_dir(&ro).unwrap();
-    nix::mount::mount(Some("tmpfs"), &ro, Some("tmpfs"), nix::mount::MsFlags::MS_RDONLY, None::<&str>).unwrap();
-    let (rc, _, err) = gpufence(&cfg, &["cdi", "generate", "--output", ro.join("spec.json").to_str().unwrap()]);
+    nix::mount::mount(
+        Some("tmpfs"),
+        &ro,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .unwrap();
+    let (rc, _, err) = gpufence(
+        &cfg,
+        &[
+            "cdi",
+            "generate",
+            "--output",
+            ro.join("spec.json").to_str().unwrap(),
+        ],
+    );
     let listing: Vec<_> = std::fs::read_dir(&ro).unwrap().collect();
     nix::mount::umount(&ro).unwrap();
     assert_eq!(rc, 1, "{err}");
@@ -283,10 +409,17 @@ fn cdi_output_errors_leave_no_file() {
 
     // Success: atomic, parseable, mode 0644.
     let out = dir.join("spec.yaml");
-    let (rc, _, err) = gpufence(&cfg, &["cdi", "generate", "--output", out.to_str().unwrap()]);
+    let (rc, _, err) = gpufence(
+        &cfg,
+        &["cdi", "generate", "--output", out.to_str().unwrap()],
+    );
     assert_eq!(rc, 0, "{err}");
-    let spec: gpufence::cdi::Spec = yaml_serde::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let spec: gpufence::cdi::Spec =
+        yaml_serde::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(spec.cdi_version, "0.5.0");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o644);
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
 }

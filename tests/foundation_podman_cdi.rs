@@ -33,7 +33,12 @@ struct CdiSpec {
 impl CdiSpec {
     fn lock() -> File {
         std::fs::create_dir_all("/run/lock").unwrap();
-        let f = File::options().create(true).truncate(false).write(true).open(CDI_LOCK).unwrap();
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(CDI_LOCK)
+            .unwrap();
         // SAFETY: flock on a valid fd; released when the File is dropped.
         assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
         f
@@ -71,7 +76,14 @@ fn podman(scratch: &Path) -> Command {
         .arg(scratch.join("podman/root"))
         .arg("--runroot")
         .arg(scratch.join("podman/run"))
-        .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"])
+        .args([
+            "--storage-driver",
+            "vfs",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+        ])
         .args(["--runtime", "runc"]);
     c
 }
@@ -88,7 +100,12 @@ fn podman_consumes_generated_spec() {
     let rootfs = common::glibc_rootfs(&scratch);
     let src = scratch.join("dltest.c");
     std::fs::write(&src, DLTEST_C).unwrap();
-    let (rc, _, err) = common::run(Command::new("gcc").arg("-o").arg(rootfs.join("bin/dltest")).arg(&src));
+    let (rc, _, err) = common::run(
+        Command::new("gcc")
+            .arg("-o")
+            .arg(rootfs.join("bin/dltest"))
+            .arg(&src),
+    );
     assert_eq!(rc, 0, "gcc: {err}");
 
     let lock = CdiSpec::lock();
@@ -98,7 +115,10 @@ fn podman_consumes_generated_spec() {
         scratch.file_name().unwrap().to_string_lossy()
     ));
     std::fs::create_dir_all("/var/run/cdi").unwrap();
-    let spec = CdiSpec { path: spec_path.clone(), _lock: lock };
+    let spec = CdiSpec {
+        path: spec_path.clone(),
+        _lock: lock,
+    };
     let (rc, _, err) = common::run(
         Command::new(common::bin("gpufence"))
             .arg("--config")
@@ -130,7 +150,12 @@ echo END
         common::run(
             podman(&scratch)
                 .args(["run", "--rm", "--name", &name, "--network", "none"])
-                .args(["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"])
+                .args([
+                    "--ulimit",
+                    "nofile=20000:20000",
+                    "--ulimit",
+                    "nproc=4096:4096",
+                ])
                 .args(["--device", device, "--rootfs"])
                 .arg(&rootfs)
                 .args(["/bin/sh", "-c", script]),
@@ -148,32 +173,69 @@ echo END
     std::fs::write(&nohook_path, yaml_serde::to_string(&nohook).unwrap()).unwrap();
     let (rc, out, err) = run("gpufence-test.dev/nohook=1", "nohook");
     let _ = std::fs::remove_file(&nohook_path);
-    assert_eq!(rc, 0, "podman (control) failed\nstdout:\n{out}\nstderr:\n{err}");
-    assert!(out.contains("DLOPEN FAILED"), "without the hook dlopen must fail:\n{out}");
+    assert_eq!(
+        rc, 0,
+        "podman (control) failed\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    assert!(
+        out.contains("DLOPEN FAILED"),
+        "without the hook dlopen must fail:\n{out}"
+    );
 
     let (rc, out, err) = run(&format!("{KIND}=1"), "hook");
     drop(spec);
     assert!(!spec_path.exists());
     assert_eq!(rc, 0, "podman failed\nstdout:\n{out}\nstderr:\n{err}");
 
-    let nodes: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("NODE ")).collect();
+    let nodes: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("NODE "))
+        .collect();
     let gpus: Vec<&&str> = nodes
         .iter()
-        .filter(|n| n.trim_start_matches("/dev/nvidia").chars().all(|c| c.is_ascii_digit()) && n.len() > "/dev/nvidia".len())
+        .filter(|n| {
+            n.trim_start_matches("/dev/nvidia")
+                .chars()
+                .all(|c| c.is_ascii_digit())
+                && n.len() > "/dev/nvidia".len()
+        })
         .collect();
     assert_eq!(gpus, [&"/dev/nvidia1"], "only the allocated GPU:\n{out}");
     for ctl in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
         assert!(nodes.contains(&ctl), "{ctl} missing:\n{out}");
     }
-    assert!(out.contains("OPEN1") && out.contains("No such device or address"), "nvidia1 must open with ENXIO:\n{out}");
-    for lib in ["libnvidia-ml.so.580.65.06", "libcuda.so.580.65.06", "libnvidia-ml.so.1", "gpufence-mock-node.json"] {
+    assert!(
+        out.contains("OPEN1") && out.contains("No such device or address"),
+        "nvidia1 must open with ENXIO:\n{out}"
+    );
+    for lib in [
+        "libnvidia-ml.so.580.65.06",
+        "libcuda.so.580.65.06",
+        "libnvidia-ml.so.1",
+        "gpufence-mock-node.json",
+    ] {
         assert!(out.contains(&format!("LIB {lib}")), "{lib} missing:\n{out}");
     }
-    let mount = out.lines().find(|l| l.starts_with("MOUNT ")).unwrap_or_else(|| panic!("no mount line:\n{out}"));
-    assert!(mount.contains(" ro,") || mount.contains(" ro "), "driver file mounted read-only: {mount}");
-    assert!(out.contains("CONF /usr/lib/x86_64-linux-gnu"), "ld.so.conf.d drop-in:\n{out}");
-    assert!(out.contains("DLOPEN OK init=0 count_rc=0 count=1"), "dlopen through the ld cache:\n{out}\n{err}");
-    assert!(out.contains("SMI GPU 0: NVIDIA H100 80GB HBM3") && out.contains("memory.total=81559MiB"), "nvidia-smi:\n{out}\n{err}");
+    let mount = out
+        .lines()
+        .find(|l| l.starts_with("MOUNT "))
+        .unwrap_or_else(|| panic!("no mount line:\n{out}"));
+    assert!(
+        mount.contains(" ro,") || mount.contains(" ro "),
+        "driver file mounted read-only: {mount}"
+    );
+    assert!(
+        out.contains("CONF /usr/lib/x86_64-linux-gnu"),
+        "ld.so.conf.d drop-in:\n{out}"
+    );
+    assert!(
+        out.contains("DLOPEN OK init=0 count_rc=0 count=1"),
+        "dlopen through the ld cache:\n{out}\n{err}"
+    );
+    assert!(
+        out.contains("SMI GPU 0: NVIDIA H100 80GB HBM3") && out.contains("memory.total=81559MiB"),
+        "nvidia-smi:\n{out}\n{err}"
+    );
     assert!(!out.contains("SMI GPU 1"), "one GPU only:\n{out}");
     assert!(out.contains("END"));
     // The hook logged its decision with the container id.
