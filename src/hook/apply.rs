@@ -349,4 +349,9 @@ pub fn log_unapplied(plan: &Plan, id: &str) {
     for e in &plan.env_overrides {
         warn!(container = id, env = %e, "env override cannot be applied in hook mode");
     }
+    for h in &plan.edits.hooks {
+        if !(h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")) {
+            warn!(container = id, hook = %h.path, stage = %h.hook_name, "CDI hook not run in hook mode");
+        }
+    }
 }
