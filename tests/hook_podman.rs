@@ -173,7 +173,8 @@ fn digest(root: &Path) -> BTreeMap<PathBuf, String> {
 const PROBE: &str = "cat /dev/nvidia0 2>&1; cat /tmp/gpu1 2>&1; \
     echo PRELOAD=$(cat /etc/ld.so.preload 2>&1); \
     ls /usr/lib/x86_64-linux-gnu/ 2>&1 | grep -c libcuda.so.580 ; \
-    cat /run/gpufence/quota 2>&1; echo x > /run/gpufence/quota 2>&1 || echo QUOTA-RO; true";
+    cat /run/gpufence/quota 2>&1; echo x > /run/gpufence/quota 2>&1 || echo QUOTA-RO; \
+    test -s /etc/ld.so.cache && echo LDCACHE-PRESENT; true";
 
 #[test]
 fn annotated_container_gets_its_gpu_and_only_it() {
@@ -199,6 +200,7 @@ fn annotated_container_gets_its_gpu_and_only_it() {
     assert_eq!(lines[3], "1", "driver library mounted: {out}");
     assert!(out.contains("device.0.uuid=GPU-"), "quota file: {out}");
     assert!(out.contains("QUOTA-RO"), "quota must be read-only: {out}");
+    assert!(out.contains("LDCACHE-PRESENT"), "ld cache refreshed: {out}");
     // poststop removed the container's state directory.
     assert!(
         e.state_entries()

@@ -31,9 +31,8 @@ pub const IN_NAMESPACE: &[C] = &[
     C::CAP_SETPCAP,
 ];
 
-/// The ld cache refresh (also the bounding set it execs with).
+/// The ld cache refresh (also the bounding set it execs ldconfig with): `ldconfig -r` chroots.
 pub const LDCACHE: &[C] = &[
-    C::CAP_SYS_ADMIN,
     C::CAP_SYS_CHROOT,
     C::CAP_CHOWN,
     C::CAP_FOWNER,
