@@ -287,4 +287,28 @@ mod tests {
         let pd = "Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n234 nvidia-uvm\n235 nvidia-caps\n\nBlock devices:\n  7 loop\n240 nvidia-fake-block\n";
         assert_eq!(gated_majors(pd, [195, 10]), vec![10, 195, 234, 235]);
     }
+
+    proptest::proptest! {
+        /// Whatever /proc/<pid>/cgroup says, a located cgroup stays under its mount point and
+        /// never is the mount point itself.
+        #[test]
+        fn located_paths_stay_under_the_mount(path in "[a-z./]{0,30}", h in 0u32..13) {
+            let pc = format!("{h}:devices:{path}\n0::{path}\n");
+            if let Ok(d) = locate(&pc, MI) {
+                for (p, root) in [(d.v1, "/sys/fs/cgroup/devices"), (d.v2, "/sys/fs/cgroup/unified")] {
+                    if let Some(p) = p {
+                        proptest::prop_assert!(p.starts_with(root) && p != Path::new(root));
+                        proptest::prop_assert!(!p.components().any(|c| c == std::path::Component::ParentDir));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn mountinfo_parsers_never_panic(text in "[ -~\n]{0,400}") {
+            let _ = parse_cgroup_mounts(&text);
+            let _ = super::super::mounts::shared_mounts_under(&text, Path::new("/r"));
+            let _ = parse_proc_cgroup(&text);
+        }
+    }
 }
