@@ -5,6 +5,7 @@ pub mod parse;
 pub mod spec;
 
 pub mod cli;
+pub mod generate;
 pub use parse::{CdiError, QualifiedName, load_spec_dirs};
 pub use spec::{ContainerEdits, Device, DeviceNodeEdit, HookEdit, LoadedSpec, MountEdit, Spec};
 

@@ -1,0 +1,61 @@
+# gpufence — two entry points that do all the set-up on a fresh Debian 12 / Ubuntu machine (as root):
+#   make demo   build, simulate a 4-GPU node, print inventory + CDI spec, run a podman container on GPU 1
+#   make test   the whole test suite (unit, property, fuzz-bounded, end-to-end with runc/podman/containerd)
+
+SHELL := /bin/bash
+CARGO ?= cargo
+DEMO_DIR ?= /tmp/gpufence-demo
+# Debian packages the build, the demo and the end-to-end tests need.
+APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool \
+                python3-venv python3-pip iproute2 uidmap
+PY_VENV := $(CURDIR)/target/venv
+
+.PHONY: all deps rust build build-debug demo test lint fmt bench clean-demo
+
+all: build
+
+# Install what is missing; idempotent and quiet when everything is there.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo ">> installing:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "run as root (apt-get install$$missing)"; exit 1; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@$(MAKE) --no-print-directory rust
+	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc' 2>/dev/null; then \
+	  echo ">> python venv for the CRI client"; mkdir -p target; python3 -m venv $(PY_VENV) && \
+	  $(PY_VENV)/bin/pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf; \
+	fi
+
+rust:
+	@command -v $(CARGO) >/dev/null 2>&1 || { \
+	  echo ">> installing the Rust toolchain (rustup)"; \
+	  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal && . $$HOME/.cargo/env; }
+
+build: deps
+	$(CARGO) build --release --workspace
+
+build-debug:
+	$(CARGO) build --workspace
+
+demo: build
+	@bash scripts/demo.sh "$(DEMO_DIR)" target/release
+
+test: deps
+	$(CARGO) build --workspace --all-targets
+	$(CARGO) test --workspace -- --test-threads=2
+	@echo "make test: all test suites passed"
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+bench: build
+	@for b in benches/*.sh; do echo ">> $$b"; bash $$b; done
+
+clean-demo:
+	@bash scripts/demo.sh --clean "$(DEMO_DIR)"
