@@ -84,7 +84,7 @@ fn gpufence_annotations() {
     let cases = [
         Case {
             name: "one gpu",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0")],
             env: &[],
             mounts: &[],
@@ -92,7 +92,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "by uuid + quota",
-            config: config,
+            config,
             annotations: &[
                 (
                     "gpufence.dev/devices",
@@ -106,7 +106,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "uuid case-insensitive",
-            config: config,
+            config,
             annotations: &[(
                 "gpufence.dev/devices",
                 "gpu-00000001-AAAA-bbbb-cccc-000000000001",
@@ -117,7 +117,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "one value for all",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0, 1"),
                 ("gpufence.dev/memory", "4096Mi"),
@@ -132,7 +132,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "aligned lists",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "1,0"),
                 ("gpufence.dev/memory", "4G,500M"),
@@ -150,7 +150,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "plain bytes",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memory", "1073741824"),
@@ -161,7 +161,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "mig by index",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "2:1"),
                 ("gpufence.dev/memory", "5Gi"),
@@ -172,7 +172,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "mig by uuid",
-            config: config,
+            config,
             annotations: &[(
                 "gpufence.dev/devices",
                 "MIG-20202020-aaaa-bbbb-cccc-dddddddddddd",
@@ -183,7 +183,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "two migs of one gpu",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "2:0,2:1")],
             env: &[],
             mounts: &[],
@@ -191,7 +191,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "all",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "all"),
                 ("gpufence.dev/memory", "1Gi"),
@@ -211,7 +211,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "oversubscribe",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memory", "100Gi"),
@@ -223,7 +223,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "oversubscribe false",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/oversubscribe", "false"),
@@ -234,7 +234,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "nothing",
-            config: config,
+            config,
             annotations: &[("other", "x")],
             env: &[],
             mounts: &[],
@@ -243,7 +243,7 @@ fn gpufence_annotations() {
         // errors
         Case {
             name: "unknown index",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "7")],
             env: &[],
             mounts: &[],
@@ -251,7 +251,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "unknown uuid",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "GPU-nope")],
             env: &[],
             mounts: &[],
@@ -259,7 +259,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "unknown mig uuid",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "MIG-nope")],
             env: &[],
             mounts: &[],
@@ -267,7 +267,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "garbage",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "zero")],
             env: &[],
             mounts: &[],
@@ -275,7 +275,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "empty",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "")],
             env: &[],
             mounts: &[],
@@ -283,7 +283,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "trailing comma",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0,")],
             env: &[],
             mounts: &[],
@@ -291,7 +291,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "duplicate",
-            config: config,
+            config,
             annotations: &[(
                 "gpufence.dev/devices",
                 "0,GPU-00000000-aaaa-bbbb-cccc-000000000000",
@@ -302,7 +302,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "mig with parent",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "2,2:0")],
             env: &[],
             mounts: &[],
@@ -310,7 +310,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "all mixed",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "all,0")],
             env: &[],
             mounts: &[],
@@ -318,7 +318,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "mig disabled",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "3:0")],
             env: &[],
             mounts: &[],
@@ -326,7 +326,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "mig on non-mig gpu",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0:0")],
             env: &[],
             mounts: &[],
@@ -334,7 +334,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "unknown mig index",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "2:5")],
             env: &[],
             mounts: &[],
@@ -342,7 +342,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory 0",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "0")],
             env: &[],
             mounts: &[],
@@ -350,7 +350,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory junk",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memory", "4GB"),
@@ -361,7 +361,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory negative",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memory", "-4Gi"),
@@ -372,7 +372,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory larger than device",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memory", "81Gi"),
@@ -383,7 +383,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory larger than mig",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "2:0"),
                 ("gpufence.dev/memory", "11Gi"),
@@ -394,7 +394,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory list length",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0,1"),
                 ("gpufence.dev/memory", "1Gi,2Gi,3Gi"),
@@ -405,7 +405,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "cores list length",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0,1,3"),
                 ("gpufence.dev/cores", "10,20"),
@@ -416,7 +416,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "cores 0",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "0")],
             env: &[],
             mounts: &[],
@@ -424,7 +424,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "cores 101",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "101")],
             env: &[],
             mounts: &[],
@@ -432,7 +432,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "cores fraction",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/cores", "50.5"),
@@ -443,7 +443,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "oversubscribe junk",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/oversubscribe", "yes"),
@@ -454,7 +454,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "memory without devices",
-            config: config,
+            config,
             annotations: &[("gpufence.dev/memory", "4Gi")],
             env: &[],
             mounts: &[],
@@ -462,7 +462,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "unknown annotation",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/memroy", "4Gi"),
@@ -473,7 +473,7 @@ fn gpufence_annotations() {
         },
         Case {
             name: "unknown capability",
-            config: config,
+            config,
             annotations: &[
                 ("gpufence.dev/devices", "0"),
                 ("gpufence.dev/capabilities", "compute,warp"),
@@ -504,7 +504,7 @@ fn cdi_annotations_gpufence_kind() {
     let cases = [
         Case {
             name: "index",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/gpufence_0", "gpufence.dev/gpu=0")],
             env: &[],
             mounts: &[],
@@ -512,7 +512,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "several in one",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=1,gpufence.dev/gpu=2:0")],
             env: &[],
             mounts: &[],
@@ -520,7 +520,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "across annotations (key order)",
-            config: config,
+            config,
             annotations: &[
                 ("cdi.k8s.io/b", "gpufence.dev/gpu=1"),
                 ("cdi.k8s.io/a", "gpufence.dev/gpu=0"),
@@ -531,7 +531,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "with gpufence limits",
-            config: config,
+            config,
             annotations: &[
                 (
                     "cdi.k8s.io/x",
@@ -545,7 +545,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "agrees with gpufence.dev/devices",
-            config: config,
+            config,
             annotations: &[
                 ("cdi.k8s.io/x", "gpufence.dev/gpu=0"),
                 ("gpufence.dev/devices", "0"),
@@ -557,7 +557,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "disagrees with gpufence.dev/devices",
-            config: config,
+            config,
             annotations: &[
                 ("cdi.k8s.io/x", "gpufence.dev/gpu=1"),
                 ("gpufence.dev/devices", "0"),
@@ -568,7 +568,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "bad key",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/_bad", "gpufence.dev/gpu=0")],
             env: &[],
             mounts: &[],
@@ -576,7 +576,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "bad name",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu")],
             env: &[],
             mounts: &[],
@@ -584,7 +584,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "bad device chars",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0;rm")],
             env: &[],
             mounts: &[],
@@ -592,7 +592,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "unknown gpu",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=9")],
             env: &[],
             mounts: &[],
@@ -600,7 +600,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "duplicate across annotations",
-            config: config,
+            config,
             annotations: &[
                 ("cdi.k8s.io/a", "gpufence.dev/gpu=0"),
                 ("cdi.k8s.io/b", "gpufence.dev/gpu=0"),
@@ -611,7 +611,7 @@ fn cdi_annotations_gpufence_kind() {
         },
         Case {
             name: "undefined foreign",
-            config: config,
+            config,
             annotations: &[("cdi.k8s.io/x", "vendor.com/dev=a")],
             env: &[],
             mounts: &[],
@@ -842,7 +842,7 @@ fn hami_env() {
         // untrusted: never acted on
         Case {
             name: "untrusted hami",
-            config: config,
+            config,
             annotations: &[],
             env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_0=4096m"],
             mounts: &[],
@@ -1060,7 +1060,7 @@ fn gpushare_env() {
         },
         Case {
             name: "untrusted gpushare",
-            config: config,
+            config,
             annotations: &[],
             env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=4"],
             mounts: &[],
@@ -1178,7 +1178,7 @@ fn nvidia_env_and_mounts() {
         // volume-mount strategy: trusted without trust-env
         Case {
             name: "volume mounts, env untrusted",
-            config: config,
+            config,
             annotations: &[],
             env: &["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"],
             mounts: &[
@@ -1189,7 +1189,7 @@ fn nvidia_env_and_mounts() {
         },
         Case {
             name: "volume mount unknown",
-            config: config,
+            config,
             annotations: &[],
             env: &[],
             mounts: &["/var/run/nvidia-container-devices/9"],
@@ -1221,7 +1221,7 @@ fn nvidia_env_and_mounts() {
         // untrusted env: never acted on
         Case {
             name: "untrusted all",
-            config: config,
+            config,
             annotations: &[],
             env: &["NVIDIA_VISIBLE_DEVICES=all"],
             mounts: &[],
@@ -1237,7 +1237,7 @@ fn nvidia_env_and_mounts() {
         },
         Case {
             name: "untrusted garbage is not an error",
-            config: config,
+            config,
             annotations: &[],
             env: &["NVIDIA_VISIBLE_DEVICES=\u{0}\u{ffff}zz"],
             mounts: &[],

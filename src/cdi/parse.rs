@@ -389,10 +389,10 @@ pub fn validate_edits(e: &ContainerEdits) -> Result<(), String> {
             return Err(format!("netDevices: unknown field {:?}", truncate(k)));
         }
         for f in ["hostInterfaceName", "name"] {
-            if !obj
+            if obj
                 .get(f)
                 .and_then(|v| v.as_str())
-                .is_some_and(|s| !s.is_empty())
+                .is_none_or(str::is_empty)
             {
                 return Err(format!("netDevices: {f} missing or empty"));
             }
