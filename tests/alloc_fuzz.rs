@@ -389,3 +389,21 @@ fn the_sample_spec_is_valid() {
     let s = gpufence::cdi::parse::parse_spec(SPEC_YAML, std::path::Path::new("x.yaml")).unwrap();
     assert_eq!(gpufence::cdi::parse::minimum_version(&s), "0.7.0");
 }
+
+#[test]
+fn a_megabyte_of_commas_fails_fast() {
+    let v = ",".repeat(1 << 20);
+    for key in ["gpufence.dev/devices", "cdi.k8s.io/x", "gpufence.dev/memory"] {
+        let mut ann = vec![(key, v.as_str())];
+        if key == "gpufence.dev/memory" {
+            ann.push(("gpufence.dev/devices", "0"));
+        }
+        let s = spec(&ann, &[]);
+        let t = std::time::Instant::now();
+        let e = plan(&s, "h", &inventory(), &config(), &[]).unwrap_err();
+        let took = t.elapsed();
+        eprintln!("took {took:?}: {e}");
+        assert_eq!(e.key, key);
+        assert!(took.as_millis() < 500, "{took:?}");
+    }
+}

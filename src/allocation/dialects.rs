@@ -121,6 +121,11 @@ pub fn gpufence_limits(inputs: &Inputs, devices: &[Resolved]) -> Result<Part, Al
         match items.len() {
             1 => Ok(vec![items[0].to_string(); n]),
             l if l == n => Ok(items.iter().map(|s| s.to_string()).collect()),
+            l if l > super::devices::MAX_LIST_ITEMS => Err(AllocationError::new(
+                key,
+                v,
+                format!("too many values for {n} devices"),
+            )),
             l => Err(AllocationError::new(
                 key,
                 v,

@@ -216,6 +216,14 @@ pub fn validate_annotation_key(key: &str) -> Result<(), CdiError> {
 
 /// The devices of one `cdi.k8s.io/*` annotation value (a comma list of qualified names).
 pub fn parse_annotation_value(value: &str) -> Result<Vec<QualifiedName>, CdiError> {
+    const MAX_NAMES: usize = 1024;
+    if value.split(',').nth(MAX_NAMES).is_some() {
+        return Err(syntax(
+            "CDI annotation value",
+            value,
+            format!("more than {MAX_NAMES} devices"),
+        ));
+    }
     value
         .split(',')
         .map(|d| parse_qualified_name(d.trim()))
