@@ -88,10 +88,68 @@ const ENV_KEYS: [&str; 12] = [
     "LD_PRELOAD",
 ];
 
+/// Values shaped for one key (mostly valid), so the fuzzer also reaches successful plans.
+fn shaped(key: &'static str) -> BoxedStrategy<String> {
+    let dev = prop::sample::select(vec!["0", "1", "2:0", "2:1", "3"]);
+    let devs = prop::collection::vec(dev, 1..3).prop_map(|v| v.join(","));
+    match key {
+        "gpufence.dev/devices" => devs.boxed(),
+        "gpufence.dev/memory" => prop_oneof!["[1-9](Gi|Mi|G)", Just("10Gi".to_string())].boxed(),
+        "gpufence.dev/cores" => (1u8..=100).prop_map(|c| c.to_string()).boxed(),
+        "gpufence.dev/oversubscribe" => {
+            prop::sample::select(vec!["true".to_string(), "false".to_string()]).boxed()
+        }
+        "gpufence.dev/capabilities" => prop::sample::select(vec![
+            "compute,utility".to_string(),
+            "all".to_string(),
+            "graphics".to_string(),
+        ])
+        .boxed(),
+        "cdi.k8s.io/a" | "cdi.k8s.io/b-1" => prop::collection::vec(
+            prop::sample::select(vec![
+                "vendor.com/nic=nic0",
+                "gpufence.dev/gpu=0",
+                "gpufence.dev/gpu=2:1",
+                "gpufence.dev/gpu=all",
+            ]),
+            1..3,
+        )
+        .prop_map(|v| v.join(","))
+        .boxed(),
+        "aliyun.com/gpu-count" => (1u8..3).prop_map(|c| c.to_string()).boxed(),
+        "NVIDIA_VISIBLE_DEVICES" => prop_oneof![
+            devs,
+            Just(uuid(0)),
+            Just(format!("{},{}", uuid(0), uuid(1))),
+            Just("all".to_string()),
+            Just("void".to_string())
+        ]
+        .boxed(),
+        "CUDA_DEVICE_MEMORY_LIMIT"
+        | "CUDA_DEVICE_MEMORY_LIMIT_0"
+        | "CUDA_DEVICE_MEMORY_LIMIT_1" => "[0-9]{1,4}[mg]".boxed(),
+        "CUDA_DEVICE_SM_LIMIT" | "CUDA_DEVICE_SM_LIMIT_1" => {
+            (0u8..=120).prop_map(|c| c.to_string()).boxed()
+        }
+        "ALIYUN_COM_GPU_MEM_IDX" => {
+            prop::sample::select(vec!["0".to_string(), "1".to_string(), "0,1".to_string()]).boxed()
+        }
+        "ALIYUN_COM_GPU_MEM_CONTAINER" | "ALIYUN_COM_GPU_MEM_DEV" => {
+            (1u8..90).prop_map(|c| c.to_string()).boxed()
+        }
+        _ => value().boxed(),
+    }
+}
+
+fn entry(keys: &'static [&'static str]) -> impl Strategy<Value = (&'static str, String)> {
+    prop::sample::select(keys)
+        .prop_flat_map(|k| prop_oneof![2 => shaped(k), 1 => value()].prop_map(move |v| (k, v)))
+}
+
 fn input() -> impl Strategy<Value = serde_json::Value> {
     (
-        prop::collection::vec((prop::sample::select(&ANN_KEYS[..]), value()), 0..5),
-        prop::collection::vec((prop::sample::select(&ENV_KEYS[..]), value()), 0..6),
+        prop::collection::vec(entry(&ANN_KEYS), 0..4),
+        prop::collection::vec(entry(&ENV_KEYS), 0..5),
         prop::collection::vec(
             prop_oneof![
                 Just("/var/run/nvidia-container-devices/0".to_string()),
@@ -100,7 +158,7 @@ fn input() -> impl Strategy<Value = serde_json::Value> {
                 "/var/run/nvidia-container-devices/[ -~]{0,10}",
                 Just("/data".to_string()),
             ],
-            0..3,
+            0..2,
         ),
     )
         .prop_map(|(ann, env, mounts)| {
@@ -393,7 +451,11 @@ fn the_sample_spec_is_valid() {
 #[test]
 fn a_megabyte_of_commas_fails_fast() {
     let v = ",".repeat(1 << 20);
-    for key in ["gpufence.dev/devices", "cdi.k8s.io/x", "gpufence.dev/memory"] {
+    for key in [
+        "gpufence.dev/devices",
+        "cdi.k8s.io/x",
+        "gpufence.dev/memory",
+    ] {
         let mut ann = vec![(key, v.as_str())];
         if key == "gpufence.dev/memory" {
             ann.push(("gpufence.dev/devices", "0"));
@@ -406,4 +468,35 @@ fn a_megabyte_of_commas_fails_fast() {
         assert_eq!(e.key, key);
         assert!(took.as_millis() < 500, "{took:?}");
     }
+}
+
+/// The random inputs above reach every outcome (so the properties are not vacuous): plans with
+/// gpufence devices, foreign-only plans, no allocation, and errors.
+#[test]
+fn fuzz_inputs_reach_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config as RunnerConfig, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        RunnerConfig::default(),
+        proptest::test_runner::TestRng::deterministic_rng(RunnerConfig::default().rng_algorithm),
+    );
+    let strat = (input(), config_strategy());
+    let specs = foreign_specs();
+    let (mut devices, mut foreign_only, mut nothing, mut errors) = (0, 0, 0, 0);
+    for _ in 0..1500 {
+        let (s, c) = strat.new_tree(&mut runner).unwrap().current();
+        match plan(&s, "ctr", &inventory(), &c, &specs) {
+            Ok(p) => match &p.allocation {
+                Some(a) if !a.devices.is_empty() => devices += 1,
+                Some(_) => foreign_only += 1,
+                None => nothing += 1,
+            },
+            Err(_) => errors += 1,
+        }
+    }
+    eprintln!("devices {devices}, foreign only {foreign_only}, nothing {nothing}, errors {errors}");
+    assert!(devices >= 15, "devices {devices}");
+    assert!(foreign_only >= 1, "foreign only {foreign_only}");
+    assert!(nothing >= 100, "nothing {nothing}");
+    assert!(errors >= 100, "errors {errors}");
 }

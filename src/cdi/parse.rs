@@ -263,7 +263,8 @@ pub fn minimum_version(spec: &Spec) -> &'static str {
             need("0.4.0");
         }
     };
-    if spec.annotations.is_some() || spec.devices.iter().any(|d| d.annotations.is_some()) {
+    let has = |a: &Option<BTreeMap<String, String>>| a.as_ref().is_some_and(|m| !m.is_empty());
+    if has(&spec.annotations) || spec.devices.iter().any(|d| has(&d.annotations)) {
         need("0.6.0");
     }
     if spec
