@@ -533,8 +533,11 @@ pub fn gpushare(
     config: &Config,
 ) -> Result<Part, AllocationError> {
     let mut part = Part::new(Dialect::Gpushare);
-    if let Some(v) = inputs.env_var(NVIDIA_VISIBLE_DEVICES)?
-        && let Some(e) = failure_marker(v)
+    if let Some(e) = inputs
+        .env
+        .iter()
+        .filter(|(k, _)| k == NVIDIA_VISIBLE_DEVICES)
+        .find_map(|(_, v)| failure_marker(v))
     {
         return Err(e);
     }
