@@ -67,7 +67,10 @@ fn plan_cli_against_a_simulated_node() {
     assert!(out.contains("/dev/nvidia0  c 195:0"), "{out}");
     assert!(out.contains("c 195:255 rw"), "{out}");
     assert!(out.contains("GPUFENCE_MEMORY_LIMIT_0=4294967296"), "{out}");
-    assert!(out.contains("neutralised NVIDIA_VISIBLE_DEVICES"), "{out}");
+    assert!(
+        out.contains("ignored NVIDIA_VISIBLE_DEVICES=\"all\" (replaced by the allocated devices)"),
+        "{out}"
+    );
     assert!(!out.contains("/dev/nvidia1 "), "GPU 1 not allocated: {out}");
     // Dry run: the bundle and the state directory are untouched.
     assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
