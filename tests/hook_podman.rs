@@ -23,17 +23,28 @@ struct Env {
 }
 
 fn setup(name: &str) -> Option<Env> {
+    setup_with(name, None, "", "prestart")
+}
+
+/// A simulated node (optionally with a MIG GPU), `extra` appended to its config.toml, the hook
+/// installed for `stage`.
+fn setup_with(name: &str, mig: Option<u32>, extra: &str, stage: &str) -> Option<Env> {
     if common::skip_unless(&["podman", "runc"]) {
         return None;
     }
     let dir = common::scratch(name);
-    let config = common::sim_node(&dir.join("node"), 2, None);
+    let config = common::sim_node(&dir.join("node"), 2, mig);
+    if !extra.is_empty() {
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(extra);
+        std::fs::write(&config, text).unwrap();
+    }
     let hooks = dir.join("hooks");
     let (code, out, err) = common::run(
         Command::new(common::bin("gpufence"))
             .arg("--config")
             .arg(&config)
-            .args(["hook", "install", "--dir"])
+            .args(["hook", "install", "--stage", stage, "--dir"])
             .arg(&hooks),
     );
     assert_eq!(code, 0, "hook install: {out}{err}");
@@ -526,4 +537,70 @@ fn hook_and_runtime_give_the_same_allocation() {
     );
     assert!(h.iter().any(|l| l == "LDCACHE-PRESENT"), "{h:#?}");
     assert_eq!(h, r, "hook and runtime differ");
+}
+
+#[test]
+fn create_runtime_stage_works_too() {
+    let Some(e) = setup_with("hook-podman-cr", None, "", "createRuntime") else {
+        return;
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.hooks.join("gpufence.json")).unwrap())
+            .unwrap();
+    assert_eq!(v["stages"], serde_json::json!(["createRuntime"]));
+    e.hand_node("gpu1", 195, 1);
+    let (code, out, err) = e.podman(&["--annotation", "gpufence.dev/devices=0"], PROBE);
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.lines().next().unwrap_or("").contains(ENXIO), "{out}");
+    assert!(out.contains(EPERM), "{out}");
+    assert!(e.log().contains("stage=\"createRuntime\""), "{}", e.log());
+}
+
+#[test]
+fn mig_device_gets_its_capability_nodes_in_a_subdirectory() {
+    let Some(e) = setup_with("hook-podman-mig", Some(0), "", "prestart") else {
+        return;
+    };
+    let (code, out, err) = e.podman(
+        &["--annotation", "gpufence.dev/devices=0:1"],
+        "ls /dev/nvidia-caps/; for f in /dev/nvidia0 /dev/nvidia-caps/*; do cat $f 2>&1; done; \
+         grep uuid /run/gpufence/quota",
+    );
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.contains("nvidia-cap"), "caps nodes: {out}");
+    let opened = out.lines().filter(|l| l.contains(ENXIO)).count();
+    assert!(opened >= 2, "GPU node and caps nodes open to ENXIO: {out}");
+    assert!(!out.contains(EPERM), "{out}");
+    assert!(out.contains("uuid=MIG-"), "{out}");
+}
+
+#[test]
+fn trusted_env_dialect_matches_every_container() {
+    let Some(e) = setup_with(
+        "hook-podman-env",
+        None,
+        "\n[allocation]\ntrust-env = [\"nvidia\"]\n",
+        "prestart",
+    ) else {
+        return;
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.hooks.join("gpufence.json")).unwrap())
+            .unwrap();
+    assert_eq!(v["when"], serde_json::json!({"always": true}));
+    let (code, out, err) = e.podman(
+        &["--env", "NVIDIA_VISIBLE_DEVICES=1"],
+        "cat /dev/nvidia1 2>&1; ls /dev/nvidia0 2>&1; true",
+    );
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.contains(ENXIO), "{out}");
+    assert!(
+        out.contains("No such file"),
+        "only the GPU the env names: {out}"
+    );
+    // No env, no annotation: the hook runs and grants nothing.
+    let (code, out, err) = e.podman(&[], "ls /dev/ | grep -c nvidia; true");
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.trim(), "0", "{out}");
+    assert!(e.log().contains("no allocation"), "{}", e.log());
 }
