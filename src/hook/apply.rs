@@ -215,12 +215,13 @@ pub fn apply_in_namespace(
         Ok(nix::unistd::ForkResult::Child) => {
             drop(rd);
             let r = child_body(ns, rootfs, p, id);
+            // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
             let code = match r {
                 Ok(()) => 0,
                 Err(e) => {
                     let mut f = std::fs::File::from(wr);
                     let _ = std::io::Write::write_all(&mut f, e.to_string().as_bytes());
-                    1
+                    e.code()
                 }
             };
             // SAFETY: leave the forked child without running the parent's exit handlers.
@@ -240,11 +241,16 @@ pub fn apply_in_namespace(
             })?;
             match status {
                 nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
-                other => Err(HookError::Namespace(if msg.is_empty() {
-                    format!("namespace worker ended with {other:?}")
-                } else {
-                    msg
-                })),
+                nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
+                    Err(HookError::Namespace {
+                        code: if code == 1 { 1 } else { 2 },
+                        message: msg,
+                    })
+                }
+                other => Err(HookError::Namespace {
+                    code: 2,
+                    message: format!("namespace worker ended with {other:?}"),
+                }),
             }
         }
     }

@@ -52,8 +52,8 @@ pub enum HookError {
         op: &'static str,
         errno: nix::errno::Errno,
     },
-    #[error("in the container's mount namespace: {0}")]
-    Namespace(String),
+    #[error("in the container's mount namespace: {message}")]
+    Namespace { code: i32, message: String },
     #[error("ld cache refresh: {0}")]
     Ldcache(String),
     #[error("capabilities: {0}")]
@@ -69,6 +69,7 @@ impl HookError {
             | HookError::Allocation(_)
             | HookError::Plan(_)
             | HookError::Path(_) => 1,
+            HookError::Namespace { code, .. } => *code,
             _ => 2,
         }
     }
@@ -195,9 +196,10 @@ fn enforce_plan(
         errno,
     })?;
     if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
-        return Err(HookError::Namespace(
-            "the container shares the host's mount namespace: refusing to mount".into(),
-        ));
+        return Err(HookError::Namespace {
+            code: 2,
+            message: "the container shares the host's mount namespace: refusing to mount".into(),
+        });
     }
 
     // Device cgroup.
