@@ -309,7 +309,8 @@ pub fn crio(binary: &Path, handler: &str) -> String {
     let mut rt = Table::new();
     rt.insert("runtime_path", value(binary.display().to_string()));
     rt.insert("runtime_type", value("oci"));
-    rt.insert("runtime_root", value(format!("/run/{handler}")));
+    // Its own state root: never the same directory as gpufence's `state-dir` (/run/gpufence).
+    rt.insert("runtime_root", value(format!("/run/{handler}-runtime")));
     let mut runtimes = Table::new();
     runtimes.set_implicit(true);
     runtimes.insert(handler, Item::Table(rt));

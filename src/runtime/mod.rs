@@ -96,12 +96,17 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         .map_err(|e| Exit::invalid(format!("{}: {e}", config_path.display())))?;
 
     crate::logging::init(cfg);
+    if let Some(kind) = sandbox_kind(&spec) {
+        // Pod annotations reach the sandbox (pause) container too; it never gets a GPU.
+        tracing::info!(container = id, kind, "pod sandbox: no GPU, spec untouched");
+        return Ok(());
+    }
 
     let (inventory, inventory_error) = match load_inventory(cfg) {
         Ok(inv) => (inv, None),
         Err(e) => (empty_inventory(), Some(e)),
     };
-    let cdi_specs = load_cdi_specs();
+    let cdi_specs = load_cdi_specs(&spec);
     let plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
         Ok(p) => p,
         Err(e) => {
@@ -130,6 +135,21 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     Ok(())
+}
+
+/// The CRI annotation marking a pod sandbox (pause) container, if this is one.
+fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
+    let ann = spec.get("annotations")?;
+    let is = |k: &str, v: &str| ann.get(k).and_then(|x| x.as_str()) == Some(v);
+    if is("io.kubernetes.cri.container-type", "sandbox") {
+        Some("containerd")
+    } else if is("io.kubernetes.cri-o.ContainerType", "sandbox") {
+        Some("cri-o")
+    } else if is("io.kubernetes.docker.type", "podsandbox") {
+        Some("dockershim")
+    } else {
+        None
+    }
 }
 
 /// One line per decision: container id, dialects, devices, quotas.
@@ -223,7 +243,17 @@ fn empty_inventory() -> crate::inventory::Inventory {
     }
 }
 
-fn load_cdi_specs() -> Vec<crate::cdi::LoadedSpec> {
+/// CDI specs from /etc/cdi and /var/run/cdi, read only when the spec names CDI devices (the
+/// only dialect that needs them), so the common create path reads no directories.
+fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
+    let wants_cdi = spec
+        .get("annotations")
+        .and_then(|a| a.as_object())
+        .is_some_and(|a| a.keys().any(|k| k.starts_with("cdi.k8s.io/")));
+    if !wants_cdi {
+        return Vec::new();
+    }
+    // TODO(merge alloc): crate::cdi::parse::load_spec_dirs(&default_spec_dirs()).
     Vec::new()
 }
 
