@@ -101,23 +101,49 @@ fn import_image(s: &Path, c: &Containerd) {
     sh(&["umoci", "init", "--layout", layout]);
     sh(&["umoci", "new", "--image", &tag]);
     sh(&["umoci", "unpack", "--image", &tag, ub.to_str().unwrap()]);
-    sh(&["cp", "-a", &format!("{}/.", rootfs.display()), &format!("{}/rootfs/", ub.display())]);
+    sh(&[
+        "cp",
+        "-a",
+        &format!("{}/.", rootfs.display()),
+        &format!("{}/rootfs/", ub.display()),
+    ]);
     sh(&["umoci", "repack", "--image", &tag, ub.to_str().unwrap()]);
     sh(&[
-        "umoci", "config", "--image", &tag, "--config.entrypoint", "/bin/sleep", "--config.cmd",
-        "2147483647", "--config.env", "PATH=/bin:/usr/bin",
+        "umoci",
+        "config",
+        "--image",
+        &tag,
+        "--config.entrypoint",
+        "/bin/sleep",
+        "--config.cmd",
+        "2147483647",
+        "--config.env",
+        "PATH=/bin:/usr/bin",
     ]);
     let tar = s.join("pause-oci.tar");
     sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
     let (code, out, err) = common::run(
         c.ctr()
-            .args(["images", "import", "--base-name", "localhost/pause", "--snapshotter", "native"])
+            .args([
+                "images",
+                "import",
+                "--base-name",
+                "localhost/pause",
+                "--snapshotter",
+                "native",
+            ])
             .arg(&tar),
     );
     assert_eq!(code, 0, "ctr import: {out}{err}");
 }
 
-fn cri(py: &Path, c: &Containerd, s: &Path, name: &str, pod_annotations: serde_json::Value) -> serde_json::Value {
+fn cri(
+    py: &Path,
+    c: &Containerd,
+    s: &Path,
+    name: &str,
+    pod_annotations: serde_json::Value,
+) -> serde_json::Value {
     let req = serde_json::json!({
         "socket": c.sock, "handler": "gpufence", "dir": s, "name": name,
         "pod_annotations": pod_annotations, "image": "localhost/pause:test",
@@ -152,17 +178,29 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     std::fs::write(&main, &original).unwrap();
     let (code, out, err) = common::run(
         Command::new(common::bin("gpufence"))
-            .args(["runtime", "configure", "--runtime", "containerd", "--config"])
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
             .arg(&main),
     );
     assert_eq!(code, 0, "{out}{err}");
     let now = std::fs::read_to_string(&main).unwrap();
-    let added: Vec<&str> = now.lines().filter(|l| !original.lines().any(|o| o == *l)).collect();
+    let added: Vec<&str> = now
+        .lines()
+        .filter(|l| !original.lines().any(|o| o == *l))
+        .collect();
     assert_eq!(added.len(), 1, "{now}");
     assert!(added[0].starts_with("imports = ["), "{now}");
     assert_eq!(now.lines().count(), original.lines().count() + 1);
     let drop_in = std::fs::read_to_string(cdir.join("conf.d/gpufence.toml")).unwrap();
-    assert!(drop_in.contains(&common::bin("gpufence-runtime").display().to_string()), "{drop_in}");
+    assert!(
+        drop_in.contains(&common::bin("gpufence-runtime").display().to_string()),
+        "{drop_in}"
+    );
 
     // containerd with that configuration; the runtime finds gpufence's config through the env
     // containerd hands to its shims.
@@ -179,17 +217,32 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     let c = Containerd { child, sock };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (code, _, _) = common::run(Command::new("ctr").arg("--address").arg(&c.sock).arg("version"));
+        let (code, _, _) = common::run(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(&c.sock)
+                .arg("version"),
+        );
         if code == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "containerd did not start: {}", std::fs::read_to_string(cdir.join("containerd.log")).unwrap_or_default());
+        assert!(
+            Instant::now() < deadline,
+            "containerd did not start: {}",
+            std::fs::read_to_string(cdir.join("containerd.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     import_image(&s, &c);
 
     // The pod annotation picks GPU 1.
-    let r = cri(&py, &c, &s, "gpu-pod", serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "2Gi"}));
+    let r = cri(
+        &py,
+        &c,
+        &s,
+        "gpu-pod",
+        serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "2Gi"}),
+    );
     assert_eq!(r["stage"], "done", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
     let f = facts(r["log"].as_str().unwrap());
@@ -210,15 +263,29 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     assert_eq!(f["ctl"], "ABSENT", "{r}");
 
     // An invalid allocation: the CRI client sees gpufence's one-line reason.
-    let r = cri(&py, &c, &s, "bad-pod", serde_json::json!({"gpufence.dev/devices": "5"}));
+    let r = cri(
+        &py,
+        &c,
+        &s,
+        "bad-pod",
+        serde_json::json!({"gpufence.dev/devices": "5"}),
+    );
     assert_eq!(r["stage"], "start_container", "{r}");
     let e = r["error"].as_str().unwrap();
-    assert!(e.contains("gpufence-runtime") && e.contains("gpufence.dev/devices"), "{e}");
+    assert!(
+        e.contains("gpufence-runtime") && e.contains("gpufence.dev/devices"),
+        "{e}"
+    );
 
     drop(c);
     // State directories of the removed containers are gone.
     let left: Vec<_> = std::fs::read_dir(&n.state_dir)
-        .map(|d| d.filter_map(Result::ok).filter(|e| e.path().is_dir()).map(|e| e.path()).collect())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.path())
+                .collect()
+        })
         .unwrap_or_default();
     assert!(left.is_empty(), "state dirs left: {left:?}");
 }

@@ -23,12 +23,20 @@ fn granted_gpu_and_only_it() {
         &s,
         "b",
         PROBE,
-        &[("gpufence.dev/devices", "1"), ("gpufence.dev/memory", "1Gi")],
+        &[
+            ("gpufence.dev/devices", "1"),
+            ("gpufence.dev/memory", "1Gi"),
+        ],
         &[],
     );
     let root = s.join("runc-root");
     let id = unique_id("grant");
-    let (code, out, err) = runtime(&n, &root, &s.join("runc.log"), &["run", "-b", b.to_str().unwrap(), &id]);
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "-b", b.to_str().unwrap(), &id],
+    );
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     let f = facts(&out);
     assert_eq!(f["done"], "1", "{out}");
@@ -43,7 +51,10 @@ fn granted_gpu_and_only_it() {
     assert_eq!(f["quota_mem"], (1u64 << 30).to_string(), "{out}");
     assert!(f["quota_uuid"].starts_with("GPU-"), "{out}");
     assert_eq!(f["quota_write"], "DENIED", "{out}");
-    assert!(f["nvml_mount"].contains(" ro,") || f["nvml_mount"].contains(" ro "), "driver lib mounted ro: {out}");
+    assert!(
+        f["nvml_mount"].contains(" ro,") || f["nvml_mount"].contains(" ro "),
+        "driver lib mounted ro: {out}"
+    );
     assert_eq!(f["lib_write"], "DENIED", "{out}");
     assert_eq!(f["env_mem"], (1u64 << 30).to_string(), "{out}");
     assert_eq!(f["env_state"], "/run/gpufence", "{out}");
@@ -51,17 +62,30 @@ fn granted_gpu_and_only_it() {
     // The edited spec: unknown field kept, the GPU in linux.devices and the allow rules.
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-    assert_eq!(spec["linux"]["gpufenceTestUnknown"]["keep"], serde_json::json!([1, 2, 3]));
+    assert_eq!(
+        spec["linux"]["gpufenceTestUnknown"]["keep"],
+        serde_json::json!([1, 2, 3])
+    );
     let devs = spec["linux"]["devices"].as_array().unwrap();
-    assert!(devs.iter().any(|d| d["path"] == "/dev/nvidia1" && d["major"] == 195 && d["minor"] == 1));
+    assert!(
+        devs.iter()
+            .any(|d| d["path"] == "/dev/nvidia1" && d["major"] == 195 && d["minor"] == 1)
+    );
     assert!(!devs.iter().any(|d| d["path"] == "/dev/nvidia0"));
     let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
-    assert!(rules.iter().any(|r| r["allow"] == true && r["major"] == 195 && r["minor"] == 1));
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["allow"] == true && r["major"] == 195 && r["minor"] == 1)
+    );
     assert!(std::fs::metadata(b.join("config.json")).is_ok());
 
     // The decision was logged with the container id.
     let log = std::fs::read_to_string(&n.log).unwrap();
-    assert!(log.lines().any(|l| l.contains(&id) && l.contains("GPU-")), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains(&id) && l.contains("GPU-")),
+        "{log}"
+    );
 
     // `run` exited; delete removes the state directory.
     let state = n.state_dir.join(&id);
@@ -79,25 +103,46 @@ fn invalid_allocation_creates_nothing() {
     }
     let s = common::scratch("rt-invalid");
     let n = node(&s, 2, &[]);
-    let b = bundle(&s, "b", "echo should-not-run", &[("gpufence.dev/devices", "7")], &[]);
+    let b = bundle(
+        &s,
+        "b",
+        "echo should-not-run",
+        &[("gpufence.dev/devices", "7")],
+        &[],
+    );
     let before = std::fs::read(b.join("config.json")).unwrap();
     let root = s.join("runc-root");
     let runc_log = s.join("runc.log");
     let id = unique_id("invalid");
-    let (code, out, err) = runtime(&n, &root, &runc_log, &["create", "--bundle", b.to_str().unwrap(), &id]);
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &runc_log,
+        &["create", "--bundle", b.to_str().unwrap(), &id],
+    );
     assert_eq!(code, 1, "stdout {out} stderr {err}");
     assert!(!out.contains("should-not-run"));
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "one line on stderr: {err}");
     assert!(lines[0].contains("gpufence.dev/devices"), "{err}");
-    assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before, "config.json byte-identical");
+    assert_eq!(
+        std::fs::read(b.join("config.json")).unwrap(),
+        before,
+        "config.json byte-identical"
+    );
     assert!(!runc_list(&root).contains(&id), "no container left");
     assert!(!n.state_dir.join(&id).exists());
     // runc's log: one JSON error line, the way containerd reads it.
     let log = std::fs::read_to_string(&runc_log).unwrap();
     let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
     assert_eq!(last["level"], "error");
-    assert!(last["msg"].as_str().unwrap().contains("gpufence.dev/devices"), "{log}");
+    assert!(
+        last["msg"]
+            .as_str()
+            .unwrap()
+            .contains("gpufence.dev/devices"),
+        "{log}"
+    );
     assert!(last["time"].as_str().unwrap().ends_with('Z'));
 
     // Text log format too.
@@ -112,7 +157,10 @@ fn invalid_allocation_creates_nothing() {
     );
     assert_eq!(code, 1);
     let t = std::fs::read_to_string(&text_log).unwrap();
-    assert!(t.starts_with("time=\"") && t.contains(" level=error msg=\""), "{t}");
+    assert!(
+        t.starts_with("time=\"") && t.contains(" level=error msg=\""),
+        "{t}"
+    );
 }
 
 #[test]
@@ -127,7 +175,12 @@ fn untrusted_env_gets_no_gpu_and_no_allocation_is_invisible() {
     // Image env NVIDIA_VISIBLE_DEVICES=all, trust-env = false: no GPU.
     let b = bundle(&s, "b", PROBE, &[], &["NVIDIA_VISIBLE_DEVICES=all"]);
     let id = unique_id("env");
-    let (code, out, err) = runtime(&n, &root, &s.join("runc.log"), &["run", "--bundle", b.to_str().unwrap(), &id]);
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "--bundle", b.to_str().unwrap(), &id],
+    );
     assert_eq!(code, 0, "{out}\n{err}");
     let f = facts(&out);
     for g in 0..2 {
@@ -138,14 +191,23 @@ fn untrusted_env_gets_no_gpu_and_no_allocation_is_invisible() {
     assert_ne!(f["env_nvd"], "all", "untrusted env neutralised: {out}");
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-    assert!(spec["linux"].get("devices").is_none_or(|d| d.as_array().unwrap().is_empty()));
+    assert!(
+        spec["linux"]
+            .get("devices")
+            .is_none_or(|d| d.as_array().unwrap().is_empty())
+    );
     let _ = runtime(&n, &root, &s.join("runc.log"), &["delete", "-f", &id]);
 
     // Nothing asked: config.json is not even rewritten.
     let b2 = bundle(&s, "b2", "echo plain", &[], &[]);
     let before = std::fs::read(b2.join("config.json")).unwrap();
     let id2 = unique_id("plain");
-    let (code, out, err) = runtime(&n, &root, &s.join("runc.log"), &["run", "-b", b2.to_str().unwrap(), &id2]);
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "-b", b2.to_str().unwrap(), &id2],
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "plain");
     assert_eq!(std::fs::read(b2.join("config.json")).unwrap(), before);
@@ -175,7 +237,10 @@ fn pass_through_is_exact() {
     let (pc, po, pe) = plain(&["--root", r, "state", "no-such-container"]);
     assert_eq!((wc, wo), (pc, po));
     assert_ne!(wc, 0);
-    assert!(we.contains("does not exist") && pe.contains("does not exist"), "{we} / {pe}");
+    assert!(
+        we.contains("does not exist") && pe.contains("does not exist"),
+        "{we} / {pe}"
+    );
     // Unknown global flags reach runc untouched (and runc rejects them itself).
     let (wc, _, we) = wrapped(&["--no-such-flag", "list"]);
     let (pc, _, pe) = plain(&["--no-such-flag", "list"]);
@@ -185,7 +250,10 @@ fn pass_through_is_exact() {
     // runtime.path naming gpufence-runtime itself is refused rather than looping.
     std::fs::write(
         &cfg,
-        format!("[runtime]\npath = \"{}\"\n", common::bin("gpufence-runtime").display()),
+        format!(
+            "[runtime]\npath = \"{}\"\n",
+            common::bin("gpufence-runtime").display()
+        ),
     )
     .unwrap();
     let (code, _, err) = wrapped(&["list"]);

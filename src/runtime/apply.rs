@@ -103,7 +103,10 @@ pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
     if !plan.edits.additional_gids.is_empty() {
         let process = obj(child(root, "process"), "process")?;
         let user = obj(child(process, "user"), "process.user")?;
-        let gids = arr(child_arr(user, "additionalGids"), "process.user.additionalGids")?;
+        let gids = arr(
+            child_arr(user, "additionalGids"),
+            "process.user.additionalGids",
+        )?;
         for g in &plan.edits.additional_gids {
             let v = json!(g);
             if !gids.contains(&v) {
@@ -114,7 +117,10 @@ pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
     Ok(())
 }
 
-fn obj<'a>(v: &'a mut Value, field: &'static str) -> Result<&'a mut Map<String, Value>, ApplyError> {
+fn obj<'a>(
+    v: &'a mut Value,
+    field: &'static str,
+) -> Result<&'a mut Map<String, Value>, ApplyError> {
     v.as_object_mut().ok_or(ApplyError::Shape {
         field,
         expected: "an object",
@@ -324,8 +330,18 @@ mod tests {
                 ..Default::default()
             },
             cgroup_rules: vec![
-                CgroupRule { kind: 'c', major: 195, minor: 1, access: "rw".into() },
-                CgroupRule { kind: 'c', major: 195, minor: 255, access: "rw".into() },
+                CgroupRule {
+                    kind: 'c',
+                    major: 195,
+                    minor: 1,
+                    access: "rw".into(),
+                },
+                CgroupRule {
+                    kind: 'c',
+                    major: 195,
+                    minor: 255,
+                    access: "rw".into(),
+                },
             ],
             env_overrides: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
             ..Default::default()
@@ -342,7 +358,12 @@ mod tests {
         assert_eq!(s["linux"]["resources"]["memory"]["limit"], 1);
         assert_eq!(
             s["process"]["env"],
-            json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void", "A=2", "GPUFENCE_MEMORY_LIMIT_0=1073741824"])
+            json!([
+                "PATH=/bin",
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "A=2",
+                "GPUFENCE_MEMORY_LIMIT_0=1073741824"
+            ])
         );
         assert_eq!(
             s["linux"]["devices"][0],
@@ -358,9 +379,18 @@ mod tests {
         let mounts = s["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 3);
         assert_eq!(mounts[2]["type"], "bind");
-        assert_eq!(mounts[2]["options"], json!(["ro", "nosuid", "nodev", "bind"]));
-        assert_eq!(s["hooks"]["createContainer"][0]["path"], "/usr/bin/gpufence");
-        assert_eq!(s["hooks"]["createContainer"][0]["env"], json!(["PATH=/usr/bin"]));
+        assert_eq!(
+            mounts[2]["options"],
+            json!(["ro", "nosuid", "nodev", "bind"])
+        );
+        assert_eq!(
+            s["hooks"]["createContainer"][0]["path"],
+            "/usr/bin/gpufence"
+        );
+        assert_eq!(
+            s["hooks"]["createContainer"][0]["env"],
+            json!(["PATH=/usr/bin"])
+        );
     }
 
     #[test]
@@ -414,7 +444,10 @@ mod tests {
         let mut s = json!({"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "linux": null});
         apply_to_spec(&mut s, &gpu_plan()).unwrap();
         assert_eq!(s["linux"]["devices"].as_array().unwrap().len(), 2);
-        assert_eq!(s["linux"]["resources"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            s["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            2
+        );
         assert_eq!(s["process"]["env"].as_array().unwrap().len(), 3);
     }
 

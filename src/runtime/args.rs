@@ -81,7 +81,11 @@ fn split_flag(a: &OsStr) -> Option<(String, Option<OsString>)> {
     if b.len() < 2 || b[0] != b'-' {
         return None;
     }
-    let body = if b.starts_with(b"--") { &b[2..] } else { &b[1..] };
+    let body = if b.starts_with(b"--") {
+        &b[2..]
+    } else {
+        &b[1..]
+    };
     match body.iter().position(|&c| c == b'=') {
         Some(i) => Some((
             String::from_utf8_lossy(&body[..i]).into_owned(),
@@ -114,7 +118,9 @@ pub fn parse(args: &[OsString]) -> RuncArgs {
                 };
                 match name.as_str() {
                     "log" => out.log = value.map(PathBuf::from),
-                    "log-format" => out.log_format = value.map(|v| v.to_string_lossy().into_owned()),
+                    "log-format" => {
+                        out.log_format = value.map(|v| v.to_string_lossy().into_owned())
+                    }
                     "root" => out.root = value.map(PathBuf::from),
                     _ => {}
                 }
@@ -167,16 +173,16 @@ pub fn parse(args: &[OsString]) -> RuncArgs {
     out
 }
 
-/// runc's rule for container ids (`^[\w+\-\.]+$`, not `.` or `..`), also what makes an id safe
-/// as a path component under `state-dir`.
+/// runc's rule for container ids (`^[\w+-\.]+$`: letters, digits, `_ + , - .`; not `.` or
+/// `..`), at most 255 bytes: what makes an id safe as a path component under `state-dir`.
 pub fn valid_container_id(id: &str) -> bool {
     !id.is_empty()
         && id != "."
         && id != ".."
-        && id.len() <= 1024
+        && id.len() <= 255
         && id
             .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'+' | b'-' | b'.'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'+' | b',' | b'-' | b'.'))
 }
 
 #[cfg(test)]
@@ -215,7 +221,16 @@ mod tests {
 
     #[test]
     fn equals_forms_and_short_bundle() {
-        let a = p(&["--log=/l", "--log-format=text", "--debug", "run", "-b", "/b", "-d", "x"]);
+        let a = p(&[
+            "--log=/l",
+            "--log-format=text",
+            "--debug",
+            "run",
+            "-b",
+            "/b",
+            "-d",
+            "x",
+        ]);
         assert_eq!(a.subcommand.as_deref(), Some("run"));
         assert_eq!(a.bundle, Some(PathBuf::from("/b")));
         assert_eq!(a.container_id.as_deref(), Some("x"));
@@ -263,7 +278,7 @@ mod tests {
 
     #[test]
     fn ids() {
-        assert!(valid_container_id("abc-1.2_x+y"));
+        assert!(valid_container_id("abc-1.2_x+y,z"));
         for bad in ["", ".", "..", "a/b", "../x", "a b", "a\0b"] {
             assert!(!valid_container_id(bad), "{bad:?}");
         }

@@ -116,8 +116,7 @@ pub fn plan_writes(
                 message: "no such file: create it first (`containerd config default`)".into(),
             })?;
             let drop_in_path = dir.join("conf.d").join(format!("{handler}.toml"));
-            let (new_main, drop_in) =
-                containerd(&main, config, &drop_in_path, binary, handler)?;
+            let (new_main, drop_in) = containerd(&main, config, &drop_in_path, binary, handler)?;
             Ok(vec![
                 file_write(drop_in_path, drop_in, 0o644)?,
                 file_write(config.to_path_buf(), new_main, 0o644)?,
@@ -248,7 +247,11 @@ pub fn containerd(
     let runtimes = ctr
         .get_mut("runtimes")
         .and_then(Item::as_table_like_mut)
-        .ok_or_else(|| parse_err(format!("plugins.\"{plugin}\".containerd.runtimes is not a table")))?;
+        .ok_or_else(|| {
+            parse_err(format!(
+                "plugins.\"{plugin}\".containerd.runtimes is not a table"
+            ))
+        })?;
     let mut rt = Table::new();
     rt.insert("runtime_type", value("io.containerd.runc.v2"));
     rt.insert(
@@ -285,7 +288,10 @@ pub fn containerd(
     let import = drop_in_path.display().to_string();
     let dir = drop_in_path.parent().map(|d| d.display().to_string());
     let covered = |s: &str| {
-        s == import || dir.as_deref().is_some_and(|d| s == format!("{d}/*.toml") || s == format!("{d}/*"))
+        s == import
+            || dir
+                .as_deref()
+                .is_some_and(|d| s == format!("{d}/*.toml") || s == format!("{d}/*"))
     };
     match doc.get_mut("imports") {
         None => {
@@ -415,8 +421,14 @@ root = "/var/lib/containerd"
         )
         .unwrap();
         // The main file gains only the imports line.
-        let added: Vec<&str> = main.lines().filter(|l| !V2.lines().any(|o| o == *l)).collect();
-        assert_eq!(added, vec![r#"imports = ["/etc/containerd/conf.d/gpufence.toml"]"#]);
+        let added: Vec<&str> = main
+            .lines()
+            .filter(|l| !V2.lines().any(|o| o == *l))
+            .collect();
+        assert_eq!(
+            added,
+            vec![r#"imports = ["/etc/containerd/conf.d/gpufence.toml"]"#]
+        );
         assert_eq!(main.lines().count(), V2.lines().count() + 1);
         assert!(main.starts_with("# Operator's containerd config — keep me\n"));
         let idx_imports = main.find("imports").unwrap();
@@ -469,7 +481,8 @@ root = "/var/lib/containerd"
         assert_eq!(main, v3, "glob import already covers the drop-in");
         let d: toml::Table = toml::from_str(&drop).unwrap();
         assert_eq!(d["version"].as_integer(), Some(3));
-        let rt = &d["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpufence"];
+        let rt =
+            &d["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpufence"];
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
         assert!(d["plugins"].get("io.containerd.grpc.v1.cri").is_none());
 
@@ -482,19 +495,40 @@ root = "/var/lib/containerd"
             "gpufence",
         )
         .unwrap();
-        assert!(main.contains(r#"imports = ["/x/other.toml", "/etc/containerd/conf.d/gpufence.toml"]"#), "{main}");
+        assert!(
+            main.contains(r#"imports = ["/x/other.toml", "/etc/containerd/conf.d/gpufence.toml"]"#),
+            "{main}"
+        );
     }
 
     #[test]
     fn containerd_rejects_v1_and_garbage() {
-        for bad in ["[plugins.cri]\n", "version = 1\n", "version = 2\n[[[\n", "version = \"2\"\n"] {
+        for bad in [
+            "[plugins.cri]\n",
+            "version = 1\n",
+            "version = 2\n[[[\n",
+            "version = \"2\"\n",
+        ] {
             assert!(
-                containerd(bad, Path::new("c.toml"), Path::new("d.toml"), bin(), "gpufence").is_err(),
+                containerd(
+                    bad,
+                    Path::new("c.toml"),
+                    Path::new("d.toml"),
+                    bin(),
+                    "gpufence"
+                )
+                .is_err(),
                 "{bad}"
             );
         }
-        let e = containerd("version = 1\n", Path::new("c.toml"), Path::new("d.toml"), bin(), "gpufence")
-            .unwrap_err();
+        let e = containerd(
+            "version = 1\n",
+            Path::new("c.toml"),
+            Path::new("d.toml"),
+            bin(),
+            "gpufence",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("c.toml"), "{e}");
     }
 
@@ -503,7 +537,10 @@ root = "/var/lib/containerd"
         let s = crio(bin(), "gpufence");
         let t: toml::Table = toml::from_str(&s).unwrap();
         let rt = &t["crio"]["runtime"]["runtimes"]["gpufence"];
-        assert_eq!(rt["runtime_path"].as_str(), Some("/usr/bin/gpufence-runtime"));
+        assert_eq!(
+            rt["runtime_path"].as_str(),
+            Some("/usr/bin/gpufence-runtime")
+        );
         assert_eq!(rt["runtime_type"].as_str(), Some("oci"));
         assert!(!s.contains("[crio]\n"), "implicit parents: {s}");
     }
@@ -516,14 +553,25 @@ root = "/var/lib/containerd"
         let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["log-driver", "runtimes", "data-root"]);
         assert_eq!(v["runtimes"]["nvidia"]["path"], "nvidia-container-runtime");
-        assert_eq!(v["runtimes"]["gpufence"]["path"], "/usr/bin/gpufence-runtime");
+        assert_eq!(
+            v["runtimes"]["gpufence"]["path"],
+            "/usr/bin/gpufence-runtime"
+        );
         assert!(out.contains("\n  \"log-driver\""), "indent kept: {out}");
         let again = docker(Some(&out), Path::new("daemon.json"), bin(), "gpufence").unwrap();
         assert_eq!(again, out);
         let fresh = docker(None, Path::new("daemon.json"), bin(), "gpufence").unwrap();
         assert!(fresh.contains("\"gpufence\""));
         assert!(docker(Some("[1]"), Path::new("daemon.json"), bin(), "gpufence").is_err());
-        assert!(docker(Some("{\"runtimes\": 3}"), Path::new("daemon.json"), bin(), "gpufence").is_err());
+        assert!(
+            docker(
+                Some("{\"runtimes\": 3}"),
+                Path::new("daemon.json"),
+                bin(),
+                "gpufence"
+            )
+            .is_err()
+        );
     }
 
     #[test]

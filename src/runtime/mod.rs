@@ -46,7 +46,10 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
     // Pass-through: the configuration only names the real runtime and the state directory. A
     // broken configuration must not stop containers from being listed, killed or deleted.
     let cfg = Config::load(None).unwrap_or_else(|e| {
-        eprintln!("gpufence-runtime: {e}; using defaults for {:?}", parsed.subcommand);
+        eprintln!(
+            "gpufence-runtime: {e}; using defaults for {:?}",
+            parsed.subcommand
+        );
         Config::default()
     });
     let rt = real_runtime(&cfg)?;
@@ -86,8 +89,9 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     }
     let bundle = match &parsed.bundle {
         Some(b) => b.clone(),
-        None => std::env::current_dir()
-            .map_err(|e| Exit::env(format!("current directory: {e}")))?,
+        None => {
+            std::env::current_dir().map_err(|e| Exit::env(format!("current directory: {e}")))?
+        }
     };
     let config_path = bundle.join("config.json");
     let original = std::fs::read(&config_path)
@@ -125,8 +129,7 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     log_decision(id, &plan);
 
     let mut edited = spec.clone();
-    apply_to_spec(&mut edited, &plan)
-        .map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
+    apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
     write_host_files(cfg, id, &plan)?;
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
@@ -259,7 +262,10 @@ fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).
 fn container_exists(parsed: &args::RuncArgs, cfg: &Config, id: &str) -> bool {
-    runtime_state_root(parsed, cfg).join(id).join("state.json").exists()
+    runtime_state_root(parsed, cfg)
+        .join(id)
+        .join("state.json")
+        .exists()
 }
 
 fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
@@ -279,39 +285,40 @@ fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
 fn is_under(p: &Path, base: &Path) -> bool {
     p.is_absolute()
         && !p.components().any(|c| c == Component::ParentDir)
-        && p.strip_prefix(base).is_ok_and(|r| r.components().count() >= 1)
+        && p.strip_prefix(base)
+            .is_ok_and(|r| r.components().count() >= 1)
 }
 
 /// The container's state directory and the files the plan asks for (quota 0444, generated
-/// ld.so.preload), each written atomically. Only paths inside `state-dir/<id>` are accepted.
+/// ld.so.preload), each written atomically. Only paths inside `state-dir` are accepted.
 fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
-    let own = cfg.container_state_dir(id);
+    let base = &cfg.state_dir;
+    let outside = |what: &str, p: &Path| {
+        Exit::invalid(format!(
+            "container {id}: {what} {} is outside state-dir {}",
+            p.display(),
+            base.display()
+        ))
+    };
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(d) = &plan.state_dir {
-        dirs.push(PathBuf::from(d));
+        let d = PathBuf::from(d);
+        if !is_under(&d, base) {
+            return Err(outside("state directory", &d));
+        }
+        dirs.push(d);
     }
     for f in &plan.host_files {
         let p = PathBuf::from(&f.path);
-        if !is_under(&p, &own) {
-            return Err(Exit::invalid(format!(
-                "container {id}: host file {} is outside {}",
-                p.display(),
-                own.display()
-            )));
+        if !is_under(&p, base) {
+            return Err(outside("host file", &p));
         }
         if let Some(parent) = p.parent() {
             dirs.push(parent.to_path_buf());
         }
     }
     for d in &dirs {
-        if d != &own && !is_under(d, &own) {
-            return Err(Exit::invalid(format!(
-                "container {id}: state directory {} is outside {}",
-                d.display(),
-                own.display()
-            )));
-        }
-        create_dir_nofollow(&cfg.state_dir, d)
+        create_dir_nofollow(base, d)
             .map_err(|e| Exit::env(format!("state directory {}: {e}", d.display())))?;
     }
     for f in &plan.host_files {
@@ -325,9 +332,9 @@ fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
 /// `mkdir -p` of `dir` (under `base`), refusing symlinks on the way below `base`.
 fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(base)?;
-    let rel = dir.strip_prefix(base).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "outside state-dir")
-    })?;
+    let rel = dir
+        .strip_prefix(base)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "outside state-dir"))?;
     let mut cur = base.to_path_buf();
     for c in rel.components() {
         cur.push(c);
@@ -412,7 +419,8 @@ fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
         }
         return Ok(p.clone());
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     for name in ["runc", "crun"] {
         for dir in std::env::split_paths(&path) {
             let cand = dir.join(name);
@@ -436,13 +444,11 @@ fn exec(rt: &Path, rest: &[OsString]) -> Exit {
 
 /// `delete`: run the real runtime, then remove `state-dir/<id>` once the container is gone
 /// (removing it earlier would empty the quota directory of a container still running).
-fn delete(
-    parsed: &args::RuncArgs,
-    cfg: &Config,
-    rt: &Path,
-    rest: &[OsString],
-) -> Result<(), Exit> {
-    let id = parsed.container_id.as_deref().filter(|i| args::valid_container_id(i));
+fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -> Result<(), Exit> {
+    let id = parsed
+        .container_id
+        .as_deref()
+        .filter(|i| args::valid_container_id(i));
     let Some(id) = id else {
         return Err(exec(rt, rest));
     };
@@ -451,9 +457,9 @@ fn delete(
         .args(rest)
         .status()
         .map_err(|e| Exit::env(format!("exec {}: {e}", rt.display())))?;
-    let code = status
-        .code()
-        .unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0));
+    let code = status.code().unwrap_or_else(|| {
+        128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+    });
     if code == 0 || !container_exists(parsed, cfg, id) {
         let dir = cfg.container_state_dir(id);
         match std::fs::remove_dir_all(&dir) {
@@ -487,7 +493,10 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
         write_atomic(&p, b"{\"a\":1}").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}");
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o640);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+            0o640
+        );
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
@@ -511,9 +520,23 @@ mod tests {
         write_host_files(&cfg, "c1", &plan).unwrap();
         let q = own.join("quota");
         assert_eq!(std::fs::read_to_string(&q).unwrap(), "version=1\n");
-        assert_eq!(std::fs::metadata(&q).unwrap().permissions().mode() & 0o777, 0o444);
+        assert_eq!(
+            std::fs::metadata(&q).unwrap().permissions().mode() & 0o777,
+            0o444
+        );
         // Rewriting a read-only file works (rename, not truncate).
         write_host_files(&cfg, "c1", &plan).unwrap();
+
+        // A node-wide file directly under state-dir is fine.
+        let node_wide = Plan {
+            host_files: vec![crate::plan::HostFile {
+                path: cfg.state_dir.join("ld.so.preload").display().to_string(),
+                contents: "/usr/lib/gpufence/libgpufence.so\n".into(),
+                mode: 0o444,
+            }],
+            ..Plan::default()
+        };
+        write_host_files(&cfg, "c1", &node_wide).unwrap();
 
         let evil = Plan {
             host_files: vec![crate::plan::HostFile {

@@ -47,14 +47,20 @@ pub fn have(tool: &str) -> bool {
 /// Skip (return true) unless root and all tools are present. Under CI (`CI=true`) a missing
 /// prerequisite is a failure, not a skip, so a green CI always means the e2e tests ran.
 pub fn skip_unless(tools: &[&str]) -> bool {
-    let mut missing: Vec<String> = tools.iter().filter(|t| !have(t)).map(|t| t.to_string()).collect();
+    let mut missing: Vec<String> = tools
+        .iter()
+        .filter(|t| !have(t))
+        .map(|t| t.to_string())
+        .collect();
     if !is_root() {
         missing.push("root".into());
     }
     if missing.is_empty() {
         return false;
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var("GPUFENCE_E2E_REQUIRED").is_ok() {
+    if std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("GPUFENCE_E2E_REQUIRED").is_ok()
+    {
         panic!("e2e prerequisites missing: {}", missing.join(", "));
     }
     eprintln!("SKIP: missing {}", missing.join(", "));
@@ -80,7 +86,9 @@ fn unique() -> u64 {
 /// Static busybox rootfs (`/bin/busybox` from busybox-static) with applet links.
 pub fn busybox_rootfs(dir: &Path) -> PathBuf {
     let root = dir.join("rootfs");
-    for d in ["bin", "dev", "proc", "sys", "etc", "tmp", "lib", "usr/lib", "run"] {
+    for d in [
+        "bin", "dev", "proc", "sys", "etc", "tmp", "lib", "usr/lib", "run",
+    ] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static installed");
@@ -102,20 +110,32 @@ pub fn glibc_rootfs(dir: &Path) -> PathBuf {
     let libdir = root.join("lib/x86_64-linux-gnu");
     std::fs::create_dir_all(&libdir).unwrap();
     std::fs::create_dir_all(root.join("lib64")).unwrap();
-    for lib in ["libc.so.6", "libm.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0"] {
+    for lib in [
+        "libc.so.6",
+        "libm.so.6",
+        "libgcc_s.so.1",
+        "libdl.so.2",
+        "libpthread.so.0",
+    ] {
         let src = Path::new("/lib/x86_64-linux-gnu").join(lib);
         if src.exists() {
             std::fs::copy(&src, libdir.join(lib)).unwrap();
         }
     }
-    std::fs::copy("/lib64/ld-linux-x86-64.so.2", root.join("lib64/ld-linux-x86-64.so.2")).unwrap();
+    std::fs::copy(
+        "/lib64/ld-linux-x86-64.so.2",
+        root.join("lib64/ld-linux-x86-64.so.2"),
+    )
+    .unwrap();
     root
 }
 
 /// A simulated node built by `gpufence-sim node`; returns the config.toml path it printed.
 pub fn sim_node(dir: &Path, gpus: u32, mig_gpu: Option<u32>) -> PathBuf {
     let mut cmd = Command::new(bin("gpufence-sim"));
-    cmd.args(["node", "--dir"]).arg(dir).args(["--gpus", &gpus.to_string()]);
+    cmd.args(["node", "--dir"])
+        .arg(dir)
+        .args(["--gpus", &gpus.to_string()]);
     if let Some(m) = mig_gpu {
         cmd.args(["--mig-gpu", &m.to_string()]);
     }
@@ -130,7 +150,9 @@ pub fn sim_node(dir: &Path, gpus: u32, mig_gpu: Option<u32>) -> PathBuf {
 
 /// Run a command, return (status code, stdout, stderr).
 pub fn run(cmd: &mut Command) -> (i32, String, String) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

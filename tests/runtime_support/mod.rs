@@ -59,7 +59,13 @@ pub fn node(scratch: &Path, gpus: u32, extra: &[(&str, toml_edit::Item)]) -> Nod
 }
 
 /// An OCI bundle (from `runc spec`) running `script` with `sh -c`, with annotations and env.
-pub fn bundle(scratch: &Path, name: &str, script: &str, annotations: &[(&str, &str)], env: &[&str]) -> PathBuf {
+pub fn bundle(
+    scratch: &Path,
+    name: &str,
+    script: &str,
+    annotations: &[(&str, &str)],
+    env: &[&str],
+) -> PathBuf {
     let b = scratch.join(name);
     std::fs::create_dir_all(&b).unwrap();
     let rootfs = common::busybox_rootfs(&b);
@@ -104,14 +110,23 @@ pub fn runtime(node: &Node, root: &Path, runc_log: &Path, args: &[&str]) -> (i32
 
 /// Container ids of `runc --root R list`.
 pub fn runc_list(root: &Path) -> Vec<String> {
-    let (_, out, _) = common::run(Command::new("runc").arg("--root").arg(root).args(["list", "-q"]));
+    let (_, out, _) = common::run(
+        Command::new("runc")
+            .arg("--root")
+            .arg(root)
+            .args(["list", "-q"]),
+    );
     out.lines().map(str::to_string).collect()
 }
 
 pub fn unique_id(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Probe script: one `key=value` line per fact.
@@ -142,4 +157,3 @@ pub fn facts(out: &str) -> std::collections::BTreeMap<String, String> {
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
 }
-
