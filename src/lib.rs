@@ -18,6 +18,7 @@ pub mod hook;
 pub mod inventory;
 pub mod logging;
 pub mod plan;
+pub mod quantity;
 pub mod quota;
 pub mod runtime;
 pub mod sim;

@@ -86,6 +86,9 @@ impl Plan {
 /// Compute the plan for one container. Pure: no I/O. `spec` is the parsed `config.json`;
 /// `inventory` must already carry device numbers read from `dev-root` at this moment;
 /// `cdi_specs` are the specs found in `/etc/cdi` and `/var/run/cdi`.
+///
+/// Deterministic: the same inputs always give the same plan (the runtime and the hook rely on
+/// it). The JSON shape is documented in `docs/plan-json.md`.
 pub fn plan(
     spec: &serde_json::Value,
     container_id: &str,
@@ -93,11 +96,369 @@ pub fn plan(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Plan, crate::allocation::AllocationError> {
-    let _ = (spec, inventory, config, cdi_specs);
-    Ok(Plan {
+    use crate::allocation::{AllocationError, DeviceRef};
+    use crate::inventory::{Capability, DeviceNode};
+
+    validate_container_id(container_id)?;
+    let intake = crate::allocation::read(spec, inventory, config, cdi_specs)?;
+    let mut plan = Plan {
         container_id: container_id.to_string(),
+        env_overrides: intake.env_overrides,
+        notes: intake.notes,
         ..Plan::default()
-    })
+    };
+    let Some(alloc) = intake.allocation else {
+        return Ok(plan);
+    };
+    let mut edits = crate::cdi::ContainerEdits::default();
+
+    if !alloc.devices.is_empty() {
+        // Device nodes: each allocated GPU (a MIG device's parent GPU and its nvidia-caps nodes),
+        // then the control nodes.
+        fn push<'a>(n: &'a DeviceNode, nodes: &mut Vec<&'a DeviceNode>) {
+            if !nodes.iter().any(|x| x.path == n.path) {
+                nodes.push(n);
+            }
+        }
+        let mut nodes: Vec<&DeviceNode> = Vec::new();
+        for d in &alloc.devices {
+            let missing = || {
+                AllocationError::new(
+                    "inventory",
+                    &d.uuid,
+                    "allocated device is not in the inventory",
+                )
+            };
+            match d.device {
+                DeviceRef::Gpu { index } => {
+                    let g = inventory.gpu_by_index(index).ok_or_else(missing)?;
+                    push(&g.node, &mut nodes);
+                }
+                DeviceRef::Mig { gpu, mig } => {
+                    let g = inventory.gpu_by_index(gpu).ok_or_else(missing)?;
+                    let m = g
+                        .mig_devices
+                        .iter()
+                        .find(|m| m.index == mig)
+                        .ok_or_else(missing)?;
+                    push(&g.node, &mut nodes);
+                    for c in &m.caps {
+                        push(c, &mut nodes);
+                    }
+                }
+            }
+        }
+        let display = alloc
+            .capabilities
+            .iter()
+            .any(|c| matches!(c, Capability::Graphics | Capability::Display));
+        let mut control: Vec<&DeviceNode> = inventory
+            .control_nodes
+            .iter()
+            .filter(|n| {
+                let name = std::path::Path::new(&n.path)
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or_default();
+                matches!(name, "nvidiactl" | "nvidia-uvm" | "nvidia-uvm-tools")
+                    || (display && name == "nvidia-modeset")
+            })
+            .collect();
+        control.sort_by(|a, b| a.path.cmp(&b.path));
+        for n in control {
+            if !nodes.iter().any(|x| x.path == n.path) {
+                nodes.push(n);
+            }
+        }
+        edits.device_nodes = nodes.iter().map(|n| device_node_edit(n)).collect();
+
+        // Mounts: driver files, the shim, ld.so.preload, the state directory, the quota.
+        let mut files: Vec<&crate::inventory::DriverFile> =
+            inventory.files_for(&alloc.capabilities).collect();
+        files.sort_by(|a, b| a.container_path.cmp(&b.container_path));
+        files.dedup_by(|a, b| a.container_path == b.container_path);
+        edits.mounts = driver_mounts(files.iter().copied());
+        edits.mounts.push(crate::cdi::MountEdit {
+            host_path: config.shim.library.display().to_string(),
+            container_path: CONTAINER_SHIM_PATH.to_string(),
+            kind: None,
+            options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+        });
+        let state_dir = config.container_state_dir(container_id);
+        let state_dir_s = state_dir.display().to_string();
+        let quota_host = state_dir.join("quota").display().to_string();
+        let preload_host = config
+            .state_dir
+            .join(LD_SO_PRELOAD_FILE)
+            .display()
+            .to_string();
+        let ld_so_preload = config.shim.inject == crate::config::ShimInject::LdSoPreload;
+        if ld_so_preload {
+            edits.mounts.push(crate::cdi::MountEdit {
+                host_path: preload_host.clone(),
+                container_path: "/etc/ld.so.preload".to_string(),
+                kind: None,
+                options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+            });
+        }
+        edits.mounts.push(crate::cdi::MountEdit {
+            host_path: state_dir_s.clone(),
+            container_path: CONTAINER_STATE_DIR.to_string(),
+            kind: None,
+            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        });
+        edits.mounts.push(crate::cdi::MountEdit {
+            host_path: quota_host.clone(),
+            container_path: CONTAINER_QUOTA_FILE.to_string(),
+            kind: None,
+            options: ["ro", "nosuid", "nodev", "noexec", "bind"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        });
+
+        // Hooks: refresh the ld cache for the mounted driver libraries.
+        let dirs = library_dirs(files.iter().copied());
+        if !dirs.is_empty() {
+            edits.hooks.push(ldcache_hook(config, &dirs));
+        }
+
+        // Env.
+        let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.uuid.as_str()).collect();
+        edits
+            .env
+            .push(format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(",")));
+        edits
+            .env
+            .push(format!("GPUFENCE_STATE={CONTAINER_STATE_DIR}"));
+        for (i, d) in alloc.devices.iter().enumerate() {
+            if let Some(m) = d.memory_limit {
+                edits.env.push(format!("GPUFENCE_MEMORY_LIMIT_{i}={m}"));
+            }
+            if let Some(c) = d.cores {
+                edits.env.push(format!("GPUFENCE_CORES_{i}={c}"));
+            }
+        }
+        if alloc.oversubscribe {
+            edits.env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
+        }
+        if config.shim.inject == crate::config::ShimInject::Env {
+            let existing = existing_env(spec, "LD_PRELOAD").filter(|v| !v.trim().is_empty());
+            let value = match existing {
+                Some(v) if v.split([':', ' ']).any(|p| p == CONTAINER_SHIM_PATH) => v,
+                Some(v) => format!("{CONTAINER_SHIM_PATH}:{v}"),
+                None => CONTAINER_SHIM_PATH.to_string(),
+            };
+            edits.env.push(format!("LD_PRELOAD={value}"));
+        }
+        if config.shim.is_hami_core() {
+            for (i, d) in alloc.devices.iter().enumerate() {
+                if let Some(m) = d.memory_limit {
+                    let v = if m % (1 << 20) == 0 {
+                        format!("{}m", m >> 20)
+                    } else {
+                        m.to_string()
+                    };
+                    edits.env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={v}"));
+                }
+            }
+            let first = alloc.devices[0].cores;
+            if first.is_some() && alloc.devices.iter().all(|d| d.cores == first) {
+                edits
+                    .env
+                    .push(format!("CUDA_DEVICE_SM_LIMIT={}", first.unwrap_or(100)));
+            }
+            for (i, d) in alloc.devices.iter().enumerate() {
+                if let Some(c) = d.cores {
+                    edits.env.push(format!("CUDA_DEVICE_SM_LIMIT_{i}={c}"));
+                }
+            }
+            edits.env.push(format!(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_STATE_DIR}/{HAMI_CACHE_FILE}"
+            ));
+        }
+
+        // The quota and the files the apply step writes.
+        let quota = crate::quota::Quota {
+            oversubscribe: alloc.oversubscribe,
+            devices: alloc
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| crate::quota::DeviceQuota {
+                    ordinal: i as u32,
+                    uuid: d.uuid.clone(),
+                    memory: d.memory_limit,
+                    cores: d.cores,
+                })
+                .collect(),
+        };
+        plan.host_files.push(HostFile {
+            path: quota_host,
+            contents: quota.render(),
+            mode: 0o444,
+        });
+        if ld_so_preload {
+            plan.host_files.push(HostFile {
+                path: preload_host,
+                contents: format!("{CONTAINER_SHIM_PATH}\n"),
+                mode: 0o444,
+            });
+        }
+        plan.quota = Some(quota);
+        plan.state_dir = Some(state_dir_s);
+    }
+
+    // Foreign CDI devices: their edits, faithfully, after ours; they may not touch what
+    // enforces the quota.
+    for f in &alloc.foreign_cdi {
+        check_foreign(f)?;
+        edits.append(&f.edits);
+    }
+
+    // cgroup rules: one per device node.
+    for d in &edits.device_nodes {
+        let kind = match d.kind.as_deref() {
+            Some("c") | Some("u") => 'c',
+            Some("b") => 'b',
+            Some("p") => continue,
+            _ => {
+                return Err(AllocationError::new(
+                    "deviceNodes",
+                    &d.path,
+                    "device node has no type (c or b), and none was found on the host",
+                ));
+            }
+        };
+        if d.permissions.as_deref() == Some("none") {
+            continue;
+        }
+        let (Some(major), Some(minor)) = (d.major, d.minor) else {
+            return Err(AllocationError::new(
+                "deviceNodes",
+                &d.path,
+                "device node has no major/minor, and none was found on the host",
+            ));
+        };
+        let (Ok(major), Ok(minor)) = (u32::try_from(major), u32::try_from(minor)) else {
+            return Err(AllocationError::new(
+                "deviceNodes",
+                &d.path,
+                "major/minor out of range",
+            ));
+        };
+        let access = match d.permissions.as_deref() {
+            None | Some("") => "rwm".to_string(),
+            Some(p) => p.to_string(),
+        };
+        let rule = CgroupRule {
+            kind,
+            major,
+            minor,
+            access,
+        };
+        if !plan.cgroup_rules.contains(&rule) {
+            plan.cgroup_rules.push(rule);
+        }
+    }
+
+    // Env the plan sets need no override.
+    let set_keys: Vec<&str> = edits
+        .env
+        .iter()
+        .filter_map(|e| e.split_once('=').map(|(k, _)| k))
+        .collect();
+    plan.env_overrides.retain(|o| {
+        let k = o.split_once('=').map(|(k, _)| k).unwrap_or(o);
+        !set_keys.contains(&k)
+    });
+    plan.edits = edits;
+    plan.allocation = Some(alloc);
+    Ok(plan)
+}
+
+/// Node-wide generated `ld.so.preload` (under `state-dir`), naming the container's shim path.
+pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
+/// HAMi-core's shared accounting region, inside the state directory (compatibility mode).
+pub const HAMI_CACHE_FILE: &str = "vgpu.cache";
+
+/// The container id becomes a host path component: runc's rule (`^[\w+-\.]+$`, i.e. letters,
+/// digits, `_ + , - .`), not `.` or `..`, at most 255 bytes.
+pub fn validate_container_id(id: &str) -> Result<(), crate::allocation::AllocationError> {
+    let err = |why: &str| crate::allocation::AllocationError::new("container id", id, why);
+    if id.is_empty() {
+        return Err(err("empty"));
+    }
+    if id == "." || id == ".." {
+        return Err(err("not a valid path component"));
+    }
+    if id.len() > 255 {
+        return Err(err("longer than 255 bytes"));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b',' | b'-' | b'.'))
+    {
+        return Err(err("only letters, digits and _ + , - . are allowed"));
+    }
+    Ok(())
+}
+
+fn existing_env(spec: &serde_json::Value, key: &str) -> Option<String> {
+    spec.get("process")?
+        .get("env")?
+        .as_array()?
+        .iter()
+        .filter_map(|e| e.as_str())
+        .find_map(|e| {
+            e.split_once('=')
+                .filter(|(k, _)| *k == key)
+                .map(|(_, v)| v.to_string())
+        })
+}
+
+/// Foreign edits may not replace what enforces the quota: the state directory, the quota file,
+/// the shim, `/etc/ld.so.preload`, `LD_PRELOAD` or `GPUFENCE_*` env. Paths are checked again
+/// (specs can be built without the loader).
+fn check_foreign(
+    f: &crate::allocation::ForeignCdiDevice,
+) -> Result<(), crate::allocation::AllocationError> {
+    let err = |why: String| crate::allocation::AllocationError::new(&f.spec_path, &f.name, why);
+    crate::cdi::parse::validate_edits(&f.edits).map_err(err)?;
+    let reserved = |p: &str| {
+        let p = p.trim_end_matches('/');
+        p == CONTAINER_STATE_DIR
+            || p.starts_with(&format!("{CONTAINER_STATE_DIR}/"))
+            || p == CONTAINER_SHIM_PATH
+            || p == "/etc/ld.so.preload"
+            || p.is_empty()
+    };
+    for m in &f.edits.mounts {
+        if reserved(&m.container_path) {
+            return Err(err(format!(
+                "mount over {} is reserved for gpufence",
+                m.container_path
+            )));
+        }
+    }
+    for d in &f.edits.device_nodes {
+        if reserved(&d.path) {
+            return Err(err(format!(
+                "device node at {} is reserved for gpufence",
+                d.path
+            )));
+        }
+    }
+    for e in &f.edits.env {
+        let k = e.split_once('=').map(|(k, _)| k).unwrap_or(e);
+        if k == "LD_PRELOAD" || k.starts_with("GPUFENCE_") {
+            return Err(err(format!("env {k} is reserved for gpufence")));
+        }
+    }
+    Ok(())
 }
 
 /// Mount options for driver files and the shim.

@@ -88,11 +88,385 @@ impl AllocationError {
         } else {
             value.to_string()
         };
-        let why: String = why.into();
+        let mut why: String = why.into();
+        // Reasons may quote parts of the input: keep them short too.
+        const MAX_WHY: usize = 400;
+        if why.len() > MAX_WHY {
+            let mut end = MAX_WHY;
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            why.truncate(end);
+            why.push('…');
+        }
         AllocationError {
             key: key.into(),
             value: value.replace('\n', "\\n"),
             why: why.replace('\n', " "),
+        }
+    }
+}
+
+pub mod devices;
+pub mod dialects;
+pub mod input;
+
+use devices::{Resolved, describe};
+use dialects::{Facet, Part};
+use input::Inputs;
+
+/// A value shortened for messages.
+pub(crate) fn short(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// What the allocation intake decided for one container.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Intake {
+    /// `None`: no trusted dialect expresses an allocation (the container gets no GPU).
+    pub allocation: Option<Allocation>,
+    /// Untrusted GPU env neutralised: `KEY=value` replacements for the process env.
+    pub env_overrides: Vec<String>,
+    /// Decisions worth telling the operator (ignored or neutralised env).
+    pub notes: Vec<String>,
+}
+
+/// Default driver capabilities.
+pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
+
+/// Read the allocation from a parsed `config.json`. Pure.
+pub fn read(
+    spec: &serde_json::Value,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+) -> Result<Intake, AllocationError> {
+    let inputs = Inputs::from_spec(spec)?;
+    let ac = &config.allocation;
+    let mut parts: Vec<Part> = Vec::new();
+    if ac.enabled(Dialect::Gpufence) {
+        parts.push(dialects::gpufence_devices(&inputs, inventory)?);
+    }
+    if ac.enabled(Dialect::Cdi) {
+        parts.push(dialects::cdi(&inputs, inventory, cdi_specs)?);
+    }
+    if ac.honours(Dialect::Hami) {
+        parts.push(dialects::hami(&inputs, inventory)?);
+    }
+    if ac.honours(Dialect::Gpushare) {
+        parts.push(dialects::gpushare(&inputs, inventory, config)?);
+    }
+    if ac.enabled(Dialect::Nvidia) {
+        parts.push(dialects::nvidia(
+            &inputs,
+            inventory,
+            ac.honours(Dialect::Nvidia),
+        )?);
+    }
+
+    // Devices: every dialect that names gpufence devices must name the same set.
+    let mut base: Option<(Dialect, &Facet<Vec<Resolved>>)> = None;
+    for p in &parts {
+        let Some(d) = &p.devices else { continue };
+        match base {
+            None => base = Some((p.dialect, d)),
+            Some((bd, b)) => {
+                let mut x: Vec<DeviceRef> = b.values.iter().map(|r| r.device).collect();
+                let mut y: Vec<DeviceRef> = d.values.iter().map(|r| r.device).collect();
+                x.sort();
+                y.sort();
+                if x != y {
+                    return Err(disagree(
+                        p.dialect,
+                        d,
+                        bd,
+                        &b.key,
+                        &b.value,
+                        "devices differ",
+                    ));
+                }
+            }
+        }
+    }
+    let devices: Vec<Resolved> = base.map(|(_, b)| b.values.clone()).unwrap_or_default();
+
+    // Limits: gpufence annotations apply to the combined list.
+    if ac.enabled(Dialect::Gpufence) {
+        let limits = dialects::gpufence_limits(&inputs, &devices)?;
+        parts.push(limits);
+    }
+    let memory = agree(&parts, &devices, |p| p.memory.as_ref())?;
+    let cores = agree(&parts, &devices, |p| p.cores.as_ref())?;
+    let mut oversubscribe: Option<(Dialect, &Facet<bool>)> = None;
+    for p in &parts {
+        let Some(o) = &p.oversubscribe else { continue };
+        match oversubscribe {
+            None => oversubscribe = Some((p.dialect, o)),
+            Some((bd, b)) if b.values != o.values => {
+                return Err(disagree(
+                    p.dialect,
+                    o,
+                    bd,
+                    &b.key,
+                    &b.value,
+                    "oversubscription differs",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let oversubscribe = oversubscribe.is_some_and(|(_, o)| o.values);
+
+    // Quota larger than the device: refused unless the container may spill to host memory.
+    if !oversubscribe {
+        for (i, r) in devices.iter().enumerate() {
+            if let Some((Some(m), key, value)) = memory.get(i).map(|(m, k, v)| (*m, k, v))
+                && m > r.memory_bytes
+            {
+                return Err(AllocationError::new(
+                    key,
+                    value,
+                    format!(
+                        "{} exceeds the memory of {} ({})",
+                        crate::quantity::format_bytes(m),
+                        describe(&r.device, &r.uuid),
+                        crate::quantity::format_bytes(r.memory_bytes)
+                    ),
+                ));
+            }
+        }
+    }
+
+    let mut foreign: Vec<ForeignCdiDevice> = Vec::new();
+    for p in &parts {
+        foreign.extend(p.foreign.iter().cloned());
+    }
+    let mut intake = Intake::default();
+    let dialects_used: Vec<Dialect> = {
+        let mut d: Vec<Dialect> = parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| p.dialect)
+            .collect();
+        d.sort();
+        d.dedup();
+        d
+    };
+    let nvd_consumed = parts
+        .iter()
+        .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
+        || ac.honours(Dialect::Nvidia);
+    neutralise(&inputs, config, nvd_consumed, &mut intake);
+
+    if devices.is_empty() && foreign.is_empty() {
+        return Ok(intake);
+    }
+    let capabilities = capabilities(&inputs, config, &mut intake)?;
+    intake.allocation = Some(Allocation {
+        dialects: dialects_used,
+        devices: devices
+            .iter()
+            .enumerate()
+            .map(|(i, r)| AllocatedDevice {
+                device: r.device,
+                uuid: r.uuid.clone(),
+                memory_limit: memory.get(i).and_then(|m| m.0),
+                cores: cores.get(i).and_then(|c| c.0),
+            })
+            .collect(),
+        oversubscribe,
+        capabilities,
+        foreign_cdi: foreign,
+    });
+    Ok(intake)
+}
+
+fn disagree<T>(
+    d: Dialect,
+    f: &Facet<T>,
+    base: Dialect,
+    base_key: &str,
+    base_value: &str,
+    what: &str,
+) -> AllocationError {
+    AllocationError::new(
+        &f.key,
+        &f.value,
+        format!(
+            "the {d} dialect disagrees with the {base} dialect ({base_key}={:?}): {what}",
+            short(base_value)
+        ),
+    )
+}
+
+/// Per-device values every dialect that expresses the facet agrees on, with the source of the
+/// first expressing it (`(value, key, value)` per device, or an empty list when none does).
+fn agree<'a, T: Copy + PartialEq + std::fmt::Debug + 'a>(
+    parts: &'a [Part],
+    devices: &[Resolved],
+    facet: impl Fn(&'a Part) -> Option<&'a Facet<Vec<Option<T>>>>,
+) -> Result<Vec<(Option<T>, String, String)>, AllocationError> {
+    let mut out: Vec<(Option<T>, String, String)> = Vec::new();
+    let mut base: Option<Dialect> = None;
+    for p in parts {
+        let Some(f) = facet(p) else { continue };
+        // Map the dialect's own order onto the combined order.
+        let own: Vec<DeviceRef> = match &p.devices {
+            Some(d) => d.values.iter().map(|r| r.device).collect(),
+            None => devices.iter().map(|r| r.device).collect(),
+        };
+        let mut mapped = Vec::with_capacity(devices.len());
+        for r in devices {
+            let v = own
+                .iter()
+                .position(|d| *d == r.device)
+                .and_then(|i| f.values.get(i).copied())
+                .flatten();
+            mapped.push(v);
+        }
+        match base {
+            None => {
+                base = Some(p.dialect);
+                out = mapped
+                    .into_iter()
+                    .map(|v| (v, f.key.clone(), f.value.clone()))
+                    .collect();
+            }
+            Some(bd) => {
+                for (i, v) in mapped.iter().enumerate() {
+                    if out[i].0 != *v {
+                        return Err(disagree(
+                            p.dialect,
+                            f,
+                            bd,
+                            &out[i].1,
+                            &out[i].2,
+                            &format!(
+                                "{} gets {v:?} here but {:?} there",
+                                describe(&devices[i].device, &devices[i].uuid),
+                                out[i].0
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Driver capabilities: `gpufence.dev/capabilities` (trusted annotation), else
+/// `NVIDIA_DRIVER_CAPABILITIES` where the nvidia dialect's env is trusted, else
+/// `compute,utility`. `all` means every capability.
+fn capabilities(
+    inputs: &Inputs,
+    config: &crate::config::Config,
+    intake: &mut Intake,
+) -> Result<Vec<Capability>, AllocationError> {
+    let ac = &config.allocation;
+    let (key, value) = if let Some(v) = inputs
+        .annotations
+        .get(dialects::ANN_CAPABILITIES)
+        .filter(|_| ac.enabled(Dialect::Gpufence))
+    {
+        (dialects::ANN_CAPABILITIES, v.as_str())
+    } else if ac.honours(Dialect::Nvidia)
+        && let Some(v) = inputs.env_var(dialects::NVIDIA_DRIVER_CAPABILITIES)?
+    {
+        (dialects::NVIDIA_DRIVER_CAPABILITIES, v)
+    } else {
+        if let Some(v) = inputs.env_first(dialects::NVIDIA_DRIVER_CAPABILITIES) {
+            intake.notes.push(format!(
+                "ignored untrusted {}={:?} (nvidia env is not trusted); using {}",
+                dialects::NVIDIA_DRIVER_CAPABILITIES,
+                short(v),
+                "compute,utility"
+            ));
+        }
+        return Ok(DEFAULT_CAPABILITIES.to_vec());
+    };
+    parse_capabilities(value).map_err(|why| AllocationError::new(key, value, why))
+}
+
+/// `compute,utility`, `all`; empty means the default.
+pub fn parse_capabilities(value: &str) -> Result<Vec<Capability>, String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(DEFAULT_CAPABILITIES.to_vec());
+    }
+    let mut caps = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        if item == "all" {
+            caps.extend(Capability::ALL);
+            continue;
+        }
+        match Capability::from_name(item) {
+            Some(c) => caps.push(c),
+            None => {
+                return Err(format!(
+                    "unknown capability {:?} (known: all, {})",
+                    short(item),
+                    Capability::ALL.map(|c| c.name()).join(", ")
+                ));
+            }
+        }
+    }
+    caps.sort();
+    caps.dedup();
+    Ok(caps)
+}
+
+/// Untrusted GPU env: `NVIDIA_VISIBLE_DEVICES` that no trusted dialect consumed becomes `void`
+/// (so no other NVIDIA hook or runtime acts on it either); other dialects' variables are
+/// reported as ignored. Nothing here grants anything.
+fn neutralise(
+    inputs: &Inputs,
+    config: &crate::config::Config,
+    nvd_consumed: bool,
+    intake: &mut Intake,
+) {
+    let ac = &config.allocation;
+    let why = |d: Dialect| {
+        if !ac.enabled(d) {
+            format!("the {d} dialect is disabled in allocation.dialects")
+        } else {
+            format!("{d} env is not trusted (allocation.trust-env)")
+        }
+    };
+    if !nvd_consumed && let Some(v) = inputs.env_first(dialects::NVIDIA_VISIBLE_DEVICES) {
+        let t = v.trim();
+        if !(t.is_empty() || t == "void") {
+            intake
+                .env_overrides
+                .push(format!("{}=void", dialects::NVIDIA_VISIBLE_DEVICES));
+            intake.notes.push(format!(
+                "neutralised {}={:?} to void: {}",
+                dialects::NVIDIA_VISIBLE_DEVICES,
+                short(v),
+                why(Dialect::Nvidia)
+            ));
+        }
+    }
+    if !ac.honours(Dialect::Hami) {
+        for k in inputs.env_keys(dialects::is_hami_key) {
+            intake
+                .notes
+                .push(format!("ignored {k}: {}", why(Dialect::Hami)));
+        }
+    }
+    if !ac.honours(Dialect::Gpushare) {
+        for k in inputs.env_keys(|k| k.starts_with(dialects::ALIYUN_PREFIX)) {
+            intake
+                .notes
+                .push(format!("ignored {k}: {}", why(Dialect::Gpushare)));
         }
     }
 }

@@ -1,9 +1,12 @@
 //! Container Device Interface: the spec types (shared by the generator, the `cdi` allocation
 //! dialect and the plan, whose edits have CDI's `containerEdits` shape), plus the generator.
 
+pub mod parse;
 pub mod spec;
 
 pub mod cli;
+pub mod generate;
+pub use parse::{CdiError, QualifiedName, load_spec_dirs};
 pub use spec::{ContainerEdits, Device, DeviceNodeEdit, HookEdit, LoadedSpec, MountEdit, Spec};
 
 /// The kind of the devices gpufence describes.

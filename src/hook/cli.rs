@@ -10,9 +10,16 @@ pub enum Cmd {
     /// OCI createRuntime hook (state JSON on stdin).
     CreateRuntime,
     /// createContainer hook: refresh the container's ld cache.
-    UpdateLdcache,
+    UpdateLdcache {
+        /// Directory (inside the container) holding mounted driver libraries; repeatable.
+        #[arg(long = "folder")]
+        folder: Vec<String>,
+    },
 }
 
-pub fn run(_config: Option<&Path>, _cmd: Cmd) -> Result<(), Exit> {
-    Err(Exit::env("not implemented yet"))
+pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
+    match cmd {
+        Cmd::UpdateLdcache { folder } => super::ldcache::run(config, &folder),
+        _ => Err(Exit::env("not implemented yet")),
+    }
 }

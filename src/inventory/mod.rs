@@ -9,7 +9,91 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Config;
+
+mod cache;
 pub mod cli;
+pub mod elf;
+pub mod files;
+mod gpus;
+
+pub use cache::{CACHE_FILE, CacheKey, cache_key};
+
+/// Why the inventory could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// NVML could not be loaded, initialised or queried.
+    #[error("NVML {library}: {message}")]
+    Nvml { library: String, message: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a character device")]
+    NotCharDevice { path: PathBuf },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl From<InventoryError> for crate::exit::Exit {
+    fn from(e: InventoryError) -> Self {
+        // Every inventory failure is the driver's or the node's, not the caller's input.
+        crate::exit::Exit::env(e)
+    }
+}
+
+/// A fresh inventory: NVML for GPUs and MIG devices, `dev-root` for device nodes, `proc-root` for
+/// MIG capability minors, `driver-root` for driver files. Initialises NVML.
+pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
+    let mut inv = gpus::scan(cfg)?;
+    inv.control_nodes = files::control_nodes(cfg)?;
+    inv.driver_files = files::driver_files(cfg, &inv.driver_version);
+    Ok(inv)
+}
+
+/// The inventory from the cache under `state-dir` when it is still valid (no NVML), else a fresh
+/// [`scan`] that is written back to the cache. The cache is invalid when the driver version line
+/// (`proc-root/proc/driver/nvidia/version`), the set of `/dev/nvidia*` nodes under `dev-root`
+/// with their device numbers, or the configured roots changed. A cache that cannot be written is
+/// logged and otherwise ignored.
+pub fn load(cfg: &Config) -> Result<Inventory, InventoryError> {
+    let key = cache::cache_key(cfg)?;
+    if let Some(inv) = cache::read(cfg, &key) {
+        tracing::debug!(cache = %cache::path(cfg).display(), "inventory from cache");
+        return Ok(inv);
+    }
+    let inv = scan(cfg)?;
+    match cache::write(cfg, &key, &inv) {
+        Ok(()) => tracing::info!(
+            cache = %cache::path(cfg).display(),
+            gpus = inv.gpus.len(),
+            driver = %inv.driver_version,
+            "inventory scanned and cached"
+        ),
+        Err(e) => tracing::warn!(error = %e, "inventory cache not written"),
+    }
+    Ok(inv)
+}
+
+/// Re-read the device numbers of every device node (GPUs, MIG capabilities, control nodes) from
+/// `dev-root` now: the create path uses live numbers, never cached ones.
+pub fn refresh_device_numbers(inv: &mut Inventory, cfg: &Config) -> Result<(), InventoryError> {
+    let _ = cfg;
+    for g in &mut inv.gpus {
+        files::restat(&mut g.node)?;
+        for m in &mut g.mig_devices {
+            for c in &mut m.caps {
+                files::restat(c)?;
+            }
+        }
+    }
+    for n in &mut inv.control_nodes {
+        files::restat(n)?;
+    }
+    Ok(())
+}
 
 /// Everything the node has.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -124,7 +124,12 @@ pub fn parse(text: &str) -> Result<Node, String> {
 impl Node {
     /// GPUs visible to this process, in NVML/CUDA order (by PCI bus id).
     pub fn visible_gpus(&self) -> Vec<&Gpu> {
-        let root = PathBuf::from(self.dev_root.as_deref().unwrap_or("/"));
+        let mut root = PathBuf::from(self.dev_root.as_deref().unwrap_or("/"));
+        // Inside a container the host's simulated-node directory does not exist (the node file
+        // is bind-mounted from the driver root as is): the container's own /dev is then the one.
+        if !root.join("dev").is_dir() {
+            root = PathBuf::from("/");
+        }
         let mut v: Vec<&Gpu> = self
             .gpus
             .iter()

@@ -1,0 +1,274 @@
+//! The node's CDI spec: one device per GPU (by index and by `GPU-<uuid>`), per MIG device (by
+//! `N:M` and `MIG-<uuid>`) and `all`; common edits with the control nodes, the driver files
+//! (read-only bind mounts) and the ldcache createContainer hook. Every edit is built with the
+//! plan's helpers, so CDI and the runtime give containers the same things.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{ContainerEdits, Device, KIND, Spec};
+use crate::config::Config;
+use crate::inventory::{DeviceNode, Gpu, Inventory};
+use crate::plan::{device_node_edit, driver_mounts, ldcache_hook, library_dirs};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("--output {path}: directory {dir} does not exist")]
+    MissingDir { path: PathBuf, dir: PathBuf },
+    #[error("--output {path}: cannot write in {dir}: {source}")]
+    Write {
+        path: PathBuf,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--output {path}: {message}")]
+    Serialize { path: PathBuf, message: String },
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Yaml,
+}
+
+impl Format {
+    /// From a file name: `.yaml`/`.yml` → YAML, anything else JSON.
+    pub fn for_path(p: &Path) -> Format {
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => Format::Yaml,
+            _ => Format::Json,
+        }
+    }
+}
+
+fn edits(nodes: impl IntoIterator<Item = DeviceNode>) -> ContainerEdits {
+    let mut v: Vec<DeviceNode> = Vec::new();
+    for n in nodes {
+        if !v.iter().any(|x| x.path == n.path) {
+            v.push(n);
+        }
+    }
+    ContainerEdits {
+        device_nodes: v.iter().map(device_node_edit).collect(),
+        ..ContainerEdits::default()
+    }
+}
+
+fn gpu_nodes(g: &Gpu) -> Vec<DeviceNode> {
+    vec![g.node.clone()]
+}
+
+/// The CDI spec of this node.
+pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
+    let mut devices = Vec::new();
+    for g in &inv.gpus {
+        for name in [g.index.to_string(), g.uuid.clone()] {
+            devices.push(Device {
+                name,
+                annotations: None,
+                container_edits: edits(gpu_nodes(g)),
+            });
+        }
+        for m in &g.mig_devices {
+            let nodes = || gpu_nodes(g).into_iter().chain(m.caps.iter().cloned());
+            for name in [format!("{}:{}", g.index, m.index), m.uuid.clone()] {
+                devices.push(Device {
+                    name,
+                    annotations: None,
+                    container_edits: edits(nodes()),
+                });
+            }
+        }
+    }
+    if !inv.gpus.is_empty() {
+        let all = inv.gpus.iter().flat_map(|g| {
+            gpu_nodes(g)
+                .into_iter()
+                .chain(g.mig_devices.iter().flat_map(|m| m.caps.iter().cloned()))
+        });
+        devices.push(Device {
+            name: "all".to_string(),
+            annotations: None,
+            container_edits: edits(all),
+        });
+    }
+
+    let mut common = edits(inv.control_nodes.iter().cloned());
+    common.mounts = driver_mounts(&inv.driver_files);
+    let dirs = library_dirs(&inv.driver_files);
+    if !dirs.is_empty() {
+        common.hooks.push(ldcache_hook(cfg, &dirs));
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: KIND.to_string(),
+        annotations: None,
+        devices,
+        container_edits: common,
+    };
+    spec.cdi_version = minimum_version(&spec).to_string();
+    spec
+}
+
+fn starts_with_digit(s: &str) -> bool {
+    s.bytes().next().is_some_and(|b| b.is_ascii_digit())
+}
+
+/// The lowest `cdiVersion` whose fields the spec uses (as the reference `MinimumRequiredVersion`).
+pub fn minimum_version(spec: &Spec) -> &'static str {
+    let all_edits = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    let mut v = (0, 3, 0);
+    let mut need = |x: (u32, u32, u32)| v = v.max(x);
+    if spec.annotations.is_some() || spec.devices.iter().any(|d| d.annotations.is_some()) {
+        need((0, 6, 0));
+    }
+    // A dot in the kind's name segment (`vendor/cl.ass`) needs 0.6.0.
+    if spec
+        .kind
+        .split_once('/')
+        .is_some_and(|(_, c)| c.contains('.'))
+    {
+        need((0, 6, 0));
+    }
+    if spec.devices.iter().any(|d| starts_with_digit(&d.name)) {
+        need((0, 5, 0));
+    }
+    for e in all_edits {
+        if e.device_nodes.iter().any(|n| n.host_path.is_some()) {
+            need((0, 5, 0));
+        }
+        if e.mounts.iter().any(|m| m.kind.is_some()) {
+            need((0, 4, 0));
+        }
+        if e.intel_rdt.is_some() || !e.additional_gids.is_empty() {
+            need((0, 7, 0));
+        }
+        if !e.net_devices.is_empty() {
+            need((1, 1, 0));
+        }
+    }
+    match v {
+        (0, 3, 0) => "0.3.0",
+        (0, 4, 0) => "0.4.0",
+        (0, 5, 0) => "0.5.0",
+        (0, 6, 0) => "0.6.0",
+        (0, 7, 0) => "0.7.0",
+        _ => "1.1.0",
+    }
+}
+
+/// Serialise in the given format (YAML via `yaml_serde`).
+pub fn render(spec: &Spec, format: Format) -> Result<String, String> {
+    match format {
+        Format::Json => serde_json::to_string_pretty(spec)
+            .map(|mut s| {
+                s.push('\n');
+                s
+            })
+            .map_err(|e| e.to_string()),
+        Format::Yaml => yaml_serde::to_string(spec).map_err(|e| e.to_string()),
+    }
+}
+
+/// Write `contents` to `path` atomically: a temporary file in the same directory, fsync'ed,
+/// renamed over `path` (mode 0644). On any failure nothing is left behind.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), GenerateError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(GenerateError::MissingDir {
+            path: path.to_path_buf(),
+            dir,
+        });
+    }
+    let werr = |source: std::io::Error| GenerateError::Write {
+        path: path.to_path_buf(),
+        dir: dir.clone(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .tempfile_in(&dir)
+        .map_err(werr)?;
+    tmp.write_all(contents).map_err(werr)?;
+    use std::os::unix::fs::PermissionsExt;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(werr)?;
+    tmp.as_file().sync_all().map_err(werr)?;
+    tmp.persist(path).map_err(|e| werr(e.error))?;
+    Ok(())
+}
+
+/// Fully qualified device names of a spec, in spec order.
+pub fn qualified_names(spec: &Spec) -> Vec<String> {
+    spec.devices
+        .iter()
+        .map(|d| format!("{}={}", spec.kind, d.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdi::{DeviceNodeEdit, MountEdit};
+
+    #[test]
+    fn version_follows_content() {
+        let mut s = Spec {
+            kind: "a.com/b".into(),
+            devices: vec![Device {
+                name: "x".into(),
+                annotations: None,
+                container_edits: ContainerEdits::default(),
+            }],
+            ..Spec::default()
+        };
+        assert_eq!(minimum_version(&s), "0.3.0");
+        s.container_edits.mounts.push(MountEdit {
+            host_path: "/a".into(),
+            container_path: "/a".into(),
+            kind: Some("bind".into()),
+            options: vec![],
+        });
+        assert_eq!(minimum_version(&s), "0.4.0");
+        s.devices[0].name = "0".into();
+        assert_eq!(minimum_version(&s), "0.5.0");
+        s.devices[0]
+            .container_edits
+            .device_nodes
+            .push(DeviceNodeEdit {
+                path: "/dev/x".into(),
+                ..DeviceNodeEdit::default()
+            });
+        assert_eq!(minimum_version(&s), "0.5.0");
+        s.annotations = Some(Default::default());
+        assert_eq!(minimum_version(&s), "0.6.0");
+        s.container_edits.additional_gids.push(5);
+        assert_eq!(minimum_version(&s), "0.7.0");
+        s.container_edits.net_devices.push(serde_json::json!({}));
+        assert_eq!(minimum_version(&s), "1.1.0");
+    }
+
+    #[test]
+    fn atomic_write_errors_leave_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("nope/spec.json");
+        let e = write_atomic(&missing, b"{}").unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let ok = d.path().join("spec.json");
+        write_atomic(&ok, b"{}").unwrap();
+        assert_eq!(std::fs::read(&ok).unwrap(), b"{}");
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no temp file left");
+    }
+}

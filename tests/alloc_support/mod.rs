@@ -1,0 +1,178 @@
+//! Fixtures for the allocation/plan tests: an inventory built by hand (no NVML), config.json
+//! builders, configs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use gpufence::cdi::{LoadedSpec, Spec};
+use gpufence::config::{Config, Dialect, TrustEnv};
+use gpufence::inventory::{
+    Capability, DeviceNode, DriverFile, FileKind, Gpu, Inventory, MigDevice,
+};
+
+pub const GIB: u64 = 1 << 30;
+
+pub fn node(path: &str, major: u32, minor: u32) -> DeviceNode {
+    DeviceNode {
+        path: path.to_string(),
+        host_path: PathBuf::from(format!("/sim{path}")),
+        kind: 'c',
+        major,
+        minor,
+    }
+}
+
+pub fn uuid(i: u32) -> String {
+    format!("GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}")
+}
+
+pub fn mig_uuid(g: u32, m: u32) -> String {
+    format!("MIG-{g}{m}{g}{m}{g}{m}{g}{m}-aaaa-bbbb-cccc-dddddddddddd")
+}
+
+fn gpu(index: u32, mig: Option<bool>) -> Gpu {
+    let mig_enabled = mig == Some(true);
+    Gpu {
+        index,
+        minor: index,
+        uuid: uuid(index),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        memory_bytes: 80 * GIB,
+        pci_bus_id: format!("00000000:1{index}:00.0"),
+        compute_capability: (9, 0),
+        mig_enabled,
+        mig_capable: mig.is_some(),
+        mig_devices: if mig_enabled {
+            (0..2)
+                .map(|m| MigDevice {
+                    index: m,
+                    uuid: mig_uuid(index, m),
+                    gi: m + 1,
+                    ci: 0,
+                    profile: "1g.10gb".into(),
+                    memory_bytes: 10 * GIB,
+                    caps: vec![
+                        node(
+                            &format!("/dev/nvidia-caps/nvidia-cap{}", 100 + m * 10),
+                            237,
+                            100 + m * 10,
+                        ),
+                        node(
+                            &format!("/dev/nvidia-caps/nvidia-cap{}", 101 + m * 10),
+                            237,
+                            101 + m * 10,
+                        ),
+                    ],
+                })
+                .collect()
+        } else {
+            vec![]
+        },
+        node: node(&format!("/dev/nvidia{index}"), 195, index),
+    }
+}
+
+fn file(path: &str, kind: FileKind, cap: Capability) -> DriverFile {
+    DriverFile {
+        host_path: PathBuf::from(format!("/sim/driver{path}")),
+        container_path: path.to_string(),
+        kind,
+        capability: cap,
+        soname: None,
+    }
+}
+
+/// GPUs 0 and 1 plain, GPU 2 with MIG enabled (MIG 2:0, 2:1, 10 GiB each), GPU 3 MIG-capable
+/// with MIG disabled. 80 GiB each.
+pub fn inventory() -> Inventory {
+    Inventory {
+        driver_version: "580.65.06".into(),
+        cuda_driver_version: 12080,
+        gpus: vec![
+            gpu(0, None),
+            gpu(1, None),
+            gpu(2, Some(true)),
+            gpu(3, Some(false)),
+        ],
+        control_nodes: vec![
+            node("/dev/nvidiactl", 195, 255),
+            node("/dev/nvidia-modeset", 195, 254),
+            node("/dev/nvidia-uvm", 510, 0),
+            node("/dev/nvidia-uvm-tools", 510, 1),
+        ],
+        driver_files: vec![
+            file(
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                FileKind::Library,
+                Capability::Compute,
+            ),
+            file(
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06",
+                FileKind::Library,
+                Capability::Utility,
+            ),
+            file("/usr/bin/nvidia-smi", FileKind::Binary, Capability::Utility),
+            file(
+                "/usr/lib/x86_64-linux-gnu/libnvidia-encode.so.580.65.06",
+                FileKind::Library,
+                Capability::Video,
+            ),
+            file(
+                "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin",
+                FileKind::Firmware,
+                Capability::Compute,
+            ),
+        ],
+    }
+}
+
+pub fn config() -> Config {
+    Config {
+        state_dir: PathBuf::from("/run/gpufence"),
+        ..Config::default()
+    }
+}
+
+pub fn trusting(dialects: &[Dialect]) -> Config {
+    let mut c = config();
+    c.allocation.trust_env = TrustEnv::Dialects(dialects.to_vec());
+    c
+}
+
+pub fn trust_all() -> Config {
+    let mut c = config();
+    c.allocation.trust_env = TrustEnv::All(true);
+    c
+}
+
+/// A config.json with these annotations and env.
+pub fn spec(annotations: &[(&str, &str)], env: &[&str]) -> serde_json::Value {
+    let ann: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
+    serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": { "args": ["sh"], "env": env, "cwd": "/" },
+        "root": { "path": "rootfs" },
+        "annotations": ann,
+        "mounts": [ { "destination": "/proc", "type": "proc", "source": "proc" } ],
+    })
+}
+
+pub fn with_mounts(mut s: serde_json::Value, destinations: &[&str]) -> serde_json::Value {
+    let mounts = s["mounts"].as_array_mut().unwrap();
+    for d in destinations {
+        mounts.push(serde_json::json!({"destination": d, "type": "bind", "source": "/dev/null", "options": ["ro", "bind"]}));
+    }
+    s
+}
+
+pub fn foreign_spec(path: &str, priority: u8, yaml: &str) -> LoadedSpec {
+    let spec: Spec = gpufence::cdi::parse::parse_spec(yaml, std::path::Path::new(path)).unwrap();
+    LoadedSpec {
+        path: PathBuf::from(path),
+        priority,
+        spec,
+    }
+}
