@@ -202,38 +202,13 @@ fn log_decision(id: &str, plan: &Plan) {
     }
 }
 
-/// The inventory from the cache (never NVML on this path), with device numbers re-read from
-/// the nodes under `dev-root` now.
+/// The inventory from the cache under `state-dir` (NVML is initialised only when the cache is
+/// missing or the node changed, and the result is cached), with device numbers re-read from the
+/// nodes under `dev-root` now.
 fn load_inventory(cfg: &Config) -> Result<crate::inventory::Inventory, String> {
-    let path = cfg.state_dir.join("inventory.json");
-    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut inv: crate::inventory::Inventory =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    refresh_numbers(&mut inv)?;
+    let mut inv = crate::inventory::load(cfg).map_err(|e| e.to_string())?;
+    crate::inventory::refresh_device_numbers(&mut inv, cfg).map_err(|e| e.to_string())?;
     Ok(inv)
-}
-
-fn refresh_numbers(inv: &mut crate::inventory::Inventory) -> Result<(), String> {
-    fn one(n: &mut crate::inventory::DeviceNode) -> Result<(), String> {
-        let m = std::fs::metadata(&n.host_path)
-            .map_err(|e| format!("{}: {e}", n.host_path.display()))?;
-        let rdev = m.rdev();
-        n.major = nix::sys::stat::major(rdev) as u32;
-        n.minor = nix::sys::stat::minor(rdev) as u32;
-        Ok(())
-    }
-    for g in &mut inv.gpus {
-        one(&mut g.node)?;
-        for mig in &mut g.mig_devices {
-            for c in &mut mig.caps {
-                one(c)?;
-            }
-        }
-    }
-    for c in &mut inv.control_nodes {
-        one(c)?;
-    }
-    Ok(())
 }
 
 fn empty_inventory() -> crate::inventory::Inventory {
@@ -256,8 +231,11 @@ fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
     if !wants_cdi {
         return Vec::new();
     }
-    // TODO(merge alloc): crate::cdi::parse::load_spec_dirs(&default_spec_dirs()).
-    Vec::new()
+    let (specs, errors) = crate::cdi::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
+    for e in errors {
+        tracing::warn!(error = %e, "CDI spec skipped");
+    }
+    specs
 }
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).

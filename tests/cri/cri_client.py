@@ -36,7 +36,6 @@ def main():
         os.makedirs(log_dir, exist_ok=True)
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
-            hostname=name,
             log_directory=log_dir,
             annotations=req.get("pod_annotations", {}),
             linux=pb.LinuxPodSandboxConfig(
