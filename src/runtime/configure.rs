@@ -279,7 +279,8 @@ pub fn containerd(
     drop_in.decor_mut().set_prefix(format!(
         "# Written by `gpufence runtime configure --runtime containerd`: the `{handler}` runtime handler.\n\
          # containerd replaces a whole plugin section from an imported file, so this holds a copy of\n\
-         # plugins.\"{plugin}\" from {} as it was when written; run configure again after editing it there.\n",
+         # plugins.\"{plugin}\" from {} as it was when written:\n\
+         # run configure again after editing that section there.\n",
         main_path.display()
     ));
     let drop_in = drop_in.to_string();
