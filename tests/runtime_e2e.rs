@@ -19,6 +19,11 @@ fn granted_gpu_and_only_it() {
     }
     let s = common::scratch("rt-grant");
     let n = node(&s, 8, &[]);
+    // No NVML on the create path: with the cache filled, break the NVML the config names.
+    let cfg: toml::Table = toml::from_str(&std::fs::read_to_string(&n.config).unwrap()).unwrap();
+    let nvml = std::path::PathBuf::from(cfg["nvml-library"].as_str().unwrap());
+    let _ = std::fs::remove_file(&nvml);
+    std::os::unix::fs::symlink("/nonexistent/libnvidia-ml.so.1", &nvml).unwrap();
     let b = bundle(
         &s,
         "b",
