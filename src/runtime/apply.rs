@@ -468,4 +468,106 @@ mod tests {
         p.edits.device_nodes[0].major = None;
         assert!(apply_to_spec(&mut base_spec(), &p).is_err());
     }
+
+    fn arb_plan() -> impl proptest::strategy::Strategy<Value = Plan> {
+        use proptest::prelude::*;
+        let env = proptest::collection::vec((0u8..4, 0u8..4), 0..6).prop_map(|v| {
+            v.into_iter()
+                .map(|(k, x)| format!("K{k}=v{x}"))
+                .collect::<Vec<_>>()
+        });
+        let devs = proptest::collection::vec((0u8..4, 0i64..3), 0..5);
+        let mounts = proptest::collection::vec((0u8..4, 0u8..3), 0..5);
+        let rules = proptest::collection::vec(0u32..4, 0..5);
+        let hooks = proptest::collection::vec(0u8..3, 0..4);
+        (env.clone(), env, devs, mounts, rules, hooks).prop_map(
+            |(env, over, devs, mounts, rules, hooks)| Plan {
+                edits: ContainerEdits {
+                    env,
+                    device_nodes: devs
+                        .into_iter()
+                        .map(|(p, m)| DeviceNodeEdit {
+                            path: format!("/dev/x{p}"),
+                            kind: Some("c".into()),
+                            major: Some(195),
+                            minor: Some(m),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    mounts: mounts
+                        .into_iter()
+                        .map(|(d, src)| MountEdit {
+                            host_path: format!("/src{src}"),
+                            container_path: format!("/m{d}"),
+                            kind: None,
+                            options: vec!["ro".into(), "bind".into()],
+                        })
+                        .collect(),
+                    hooks: hooks
+                        .into_iter()
+                        .map(|h| HookEdit {
+                            hook_name: "createContainer".into(),
+                            path: format!("/h{h}"),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+                cgroup_rules: rules
+                    .into_iter()
+                    .map(|m| CgroupRule {
+                        kind: 'c',
+                        major: 195,
+                        minor: m,
+                        access: "rw".into(),
+                    })
+                    .collect(),
+                env_overrides: over,
+                ..Plan::default()
+            },
+        )
+    }
+
+    proptest::proptest! {
+        /// Applying twice is applying once; keys stay unique; overrides win.
+        #[test]
+        fn idempotent_for_any_plan(plan in arb_plan(), pre in proptest::collection::vec((0u8..4, 0u8..4), 0..4)) {
+            let mut s = base_spec();
+            let env = s["process"]["env"].as_array_mut().unwrap();
+            for (k, x) in pre {
+                env.push(json!(format!("K{k}=old{x}")));
+            }
+            apply_to_spec(&mut s, &plan).unwrap();
+            let once = s.clone();
+            apply_to_spec(&mut s, &plan).unwrap();
+            proptest::prop_assert_eq!(&s, &once);
+            let keys: Vec<&str> = s["process"]["env"].as_array().unwrap().iter()
+                .map(|e| e.as_str().unwrap().split('=').next().unwrap()).collect();
+            let mut dedup = keys.clone();
+            dedup.sort();
+            dedup.dedup();
+            // Keys the plan touched appear once.
+            for e in plan.edits.env.iter().chain(&plan.env_overrides) {
+                let k = e.split('=').next().unwrap();
+                proptest::prop_assert_eq!(keys.iter().filter(|x| **x == k).count(), 1);
+            }
+            if let Some(last) = plan.env_overrides.last() {
+                let k = last.split('=').next().unwrap();
+                let want = plan.env_overrides.iter().rev().find(|e| e.starts_with(&format!("{k}="))).unwrap();
+                proptest::prop_assert!(s["process"]["env"].as_array().unwrap().contains(&json!(want)));
+            }
+            let devs = s["linux"].get("devices").and_then(|d| d.as_array()).cloned().unwrap_or_default();
+            let mut paths: Vec<&str> = devs.iter().map(|d| d["path"].as_str().unwrap()).collect();
+            let n = paths.len();
+            paths.sort();
+            paths.dedup();
+            proptest::prop_assert_eq!(paths.len(), n);
+            let mounts = s["mounts"].as_array().unwrap();
+            let mut dests: Vec<&str> = mounts.iter().map(|m| m["destination"].as_str().unwrap()).collect();
+            let n = dests.len();
+            dests.sort();
+            dests.dedup();
+            proptest::prop_assert_eq!(dests.len(), n);
+        }
+    }
 }
