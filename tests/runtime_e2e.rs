@@ -265,3 +265,61 @@ fn pass_through_is_exact() {
     assert_ne!(code, 0);
     assert!(err.contains("itself"), "{err}");
 }
+
+#[test]
+fn nvml_in_the_container_sees_only_the_granted_gpu() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-nvml");
+    let n = node(&s, 4, &[]);
+    let (code, inv, err) = common::run(
+        std::process::Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&n.config)
+            .args(["inventory", "--json"]),
+    );
+    assert_eq!(code, 0, "{err}");
+    let inv: serde_json::Value = serde_json::from_str(&inv).unwrap();
+    let uuids: Vec<String> = inv["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(uuids.len(), 4);
+    // nvidia-smi (from the simulated driver root, mounted by the plan) is dynamically linked.
+    let b = bundle(
+        &s,
+        "b",
+        "nvidia-smi 2>&1; echo rc=$?",
+        &[("gpufence.dev/devices", "2")],
+        &[],
+    );
+    common::glibc_rootfs(&b);
+    let root = s.join("runc-root");
+    let id = unique_id("nvml");
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "-b", b.to_str().unwrap(), &id],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("rc=0"), "nvidia-smi ran: {out}");
+    assert!(out.contains(&uuids[2]), "granted GPU visible: {out}");
+    for (i, u) in uuids.iter().enumerate() {
+        if i != 2 {
+            assert!(
+                !out.contains(u.as_str()),
+                "GPU {i} must be invisible: {out}"
+            );
+        }
+    }
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("GPU ")).count(),
+        1,
+        "{out}"
+    );
+    let _ = runtime(&n, &root, &s.join("runc.log"), &["delete", "-f", &id]);
+}
