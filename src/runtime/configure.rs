@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{Array, DocumentMut, Item, Table, value};
 
-/// Annotation keys of the dialects read from annotations (gpufence's own and CDI's), passed
-/// into the OCI spec by containerd's `pod_annotations`/`container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 2] = ["gpufence.dev/*", "cdi.k8s.io/*"];
+/// Annotation keys the dialects read (gpufence's own, CDI's, and gpushare's GPU count
+/// cross-check), passed into the OCI spec by containerd's `pod_annotations` /
+/// `container_annotations` allow-lists.
+pub const ANNOTATION_ALLOW_LIST: [&str; 3] =
+    ["gpufence.dev/*", "cdi.k8s.io/*", "aliyun.com/gpu-count"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Engine {
