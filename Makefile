@@ -7,10 +7,10 @@ CARGO ?= cargo
 DEMO_DIR ?= /tmp/gpufence-demo
 # Debian packages the build, the demo and the end-to-end tests need.
 APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool \
-                python3-venv python3-pip iproute2 uidmap
+                python3-venv python3-pip iproute2 uidmap binutils
 PY_VENV := $(CURDIR)/target/venv
 
-.PHONY: all deps rust build build-debug demo test lint fmt bench clean-demo
+.PHONY: all deps rust build build-debug shim-compat demo test lint fmt bench clean-demo
 
 all: build
 
@@ -35,6 +35,18 @@ rust:
 
 build: deps
 	$(CARGO) build --release --workspace
+	@$(MAKE) --no-print-directory shim-compat
+
+# The shim is preloaded into every container process, whatever the image's glibc: build it
+# against glibc 2.17 with cargo-zigbuild (zig from PyPI) and put it where the package expects it.
+# Falls back to the host-glibc build (with a warning) when zig cannot be installed.
+shim-compat:
+	@if [ ! -x $(PY_VENV)/bin/cargo-zigbuild ]; then $(PY_VENV)/bin/pip install -q cargo-zigbuild ziglang || true; fi
+	@if [ -x $(PY_VENV)/bin/cargo-zigbuild ]; then \
+	  PATH=$(PY_VENV)/bin:$$PATH cargo-zigbuild zigbuild --release -p gpufence-shim --target x86_64-unknown-linux-gnu.2.17 -q && \
+	  cp target/x86_64-unknown-linux-gnu/release/libgpufence.so target/release/libgpufence.so && \
+	  echo ">> libgpufence.so built for glibc >= 2.17 (max symbol: $$(objdump -T target/release/libgpufence.so | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1))"; \
+	else echo "warning: cargo-zigbuild unavailable; libgpufence.so needs the build machine's glibc"; fi
 
 build-debug:
 	$(CARGO) build --workspace

@@ -1,1 +1,1174 @@
-//! Mock cuda.
+//! Mock CUDA driver (`libgpufence_mock_cuda.so`, installed as `libcuda.so.1` on the simulated
+//! node). Driven by the same node description as the mock NVML (`GPUFENCE_MOCK_NODE`, see
+//! `gpufence-mock-node`).
+//!
+//! What it models: `cuInit`, device enumeration (visible GPUs, MIG instances of MIG-enabled GPUs,
+//! `CUDA_VISIBLE_DEVICES` by index or UUID), contexts (created and primary, current context per
+//! thread), and device memory accounting per device and per process: every allocation entry point
+//! the shim charges (`cuMemAlloc_v2`, pitch, managed, async and pool allocations, VMM
+//! `cuMemCreate`, arrays and mipmapped arrays) takes bytes from the device's memory and fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` past its size; frees give them back; `cuMemGetInfo_v2` reports what
+//! is left. No host memory stands behind device allocations: pointers are fake, distinct and
+//! 512-byte aligned. `cuGetProcAddress(_v2)` resolves base names like the real driver
+//! (highest `_vN`, `_ptsz`/`_ptds` with the per-thread flag).
+//!
+//! All functions use the real CUDA signatures and return codes. Never panics across the FFI
+//! boundary (every export runs inside `catch_unwind`).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// One CUDA device as this process sees it.
+#[derive(Debug)]
+struct Device {
+    name: String,
+    uuid: [u8; 16],
+    total: u64,
+    used: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Linear,
+    Vmm,
+    Array,
+    Pool,
+}
+
+struct State {
+    driver_version: c_int,
+    devices: Vec<Device>,
+    /// (kind, handle) → (device, bytes)
+    allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
+    next_ptr: AtomicU64,
+    next_handle: AtomicU64,
+}
+
+static STATE: OnceLock<Result<State, String>> = OnceLock::new();
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Context handles are `CTX_BASE + device` (never 0).
+const CTX_BASE: usize = 0x0c7c_0000;
+/// Default memory pools are `POOL_BASE + device`.
+const POOL_BASE: u64 = 0x9001_0000;
+
+fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(CUDA_ERROR_UNKNOWN)
+}
+
+fn state() -> Result<&'static State, CUresult> {
+    match STATE.get() {
+        Some(Ok(s)) => Ok(s),
+        Some(Err(_)) => Err(CUDA_ERROR_NO_DEVICE),
+        None => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// 16 UUID bytes from `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or `MIG-…`); names that are
+/// not hex get a stable FNV-derived value.
+pub fn uuid_bytes(text: &str) -> [u8; 16] {
+    let hex: String = text
+        .split_once('-')
+        .map(|(_, r)| r)
+        .unwrap_or(text)
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    let mut out = [0u8; 16];
+    if hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+        }
+        return out;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, b) in out.iter_mut().enumerate() {
+        for c in text.bytes().chain([i as u8]) {
+            h ^= c as u64;
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        *b = (h >> 24) as u8;
+    }
+    out
+}
+
+fn build_state() -> Result<State, String> {
+    let anchor = cuInit as *const c_void;
+    let node = gpufence_mock_node::load(anchor)?;
+    // (uuid, name, bytes) of every device CUDA would enumerate, in order
+    let mut all: Vec<(String, String, u64)> = Vec::new();
+    for g in node.visible_gpus() {
+        if g.mig_mode() == gpufence_mock_node::MigMode::Enabled && !g.mig.is_empty() {
+            for m in &g.mig {
+                all.push((
+                    m.uuid.clone(),
+                    format!("{} MIG {}", g.name, m.profile),
+                    m.memory_bytes(),
+                ));
+            }
+        } else {
+            all.push((g.uuid.clone(), g.name.clone(), g.memory_bytes()));
+        }
+    }
+    if let Ok(cvd) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        let mut picked = Vec::new();
+        for item in cvd.split(',').map(str::trim) {
+            let found = if let Ok(i) = item.parse::<usize>() {
+                all.get(i).cloned()
+            } else if item.is_empty() {
+                None
+            } else {
+                all.iter().find(|d| d.0.starts_with(item)).cloned()
+            };
+            // CUDA stops at the first invalid entry
+            match found {
+                Some(d) => picked.push(d),
+                None => break,
+            }
+        }
+        all = picked;
+    }
+    let devices = all
+        .into_iter()
+        .map(|(uuid, name, total)| Device {
+            uuid: uuid_bytes(&uuid),
+            name,
+            total,
+            used: AtomicU64::new(0),
+        })
+        .collect();
+    Ok(State {
+        driver_version: node.cuda_driver_version,
+        devices,
+        allocs: Mutex::new(HashMap::new()),
+        next_ptr: AtomicU64::new(0x7f00_0000_0000),
+        next_handle: AtomicU64::new(0x10_0000),
+    })
+}
+
+fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| s.devices.get(d))
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+fn current_device(s: &State) -> Result<usize, CUresult> {
+    let c = CURRENT.with(Cell::get);
+    if c < CTX_BASE || c - CTX_BASE >= s.devices.len() {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    Ok(c - CTX_BASE)
+}
+
+fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
+    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    d.used
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+            u.checked_add(bytes).filter(|n| *n <= d.total)
+        })
+        .map(|_| ())
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+fn record(s: &State, kind: Kind, handle: u64, dev: usize, bytes: u64) {
+    if let Ok(mut m) = s.allocs.lock() {
+        m.insert((kind as u8, handle), (dev, bytes));
+    }
+}
+
+fn release(kind: Kind, handle: u64) -> CUresult {
+    let s = match state() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let removed = s
+        .allocs
+        .lock()
+        .ok()
+        .and_then(|mut m| m.remove(&(kind as u8, handle)));
+    match removed {
+        Some((dev, bytes)) => {
+            if let Some(d) = s.devices.get(dev) {
+                d.used.fetch_sub(bytes, Ordering::AcqRel);
+            }
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// Allocate `bytes` of linear memory on `dev`; returns the fake pointer.
+fn alloc_linear(dev: usize, bytes: u64, kind: Kind) -> Result<u64, CUresult> {
+    let s = state()?;
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    charge(s, dev, bytes)?;
+    let rounded = bytes.div_ceil(512).saturating_mul(512);
+    let p = s.next_ptr.fetch_add(rounded.max(512), Ordering::Relaxed);
+    record(s, kind, p, dev, bytes);
+    Ok(p)
+}
+
+unsafe fn put<T>(out: *mut T, v: T) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller passed a valid out-pointer (checked non-null).
+    unsafe { out.write(v) };
+    CUDA_SUCCESS
+}
+
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return e,
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initialisation, version, devices
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    guard(|| {
+        if flags != 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        match STATE.get_or_init(build_state) {
+            Ok(s) if s.devices.is_empty() => CUDA_ERROR_NO_DEVICE,
+            Ok(_) => CUDA_SUCCESS,
+            Err(e) => {
+                if std::env::var_os("GPUFENCE_MOCK_DEBUG").is_some() {
+                    eprintln!("mock cuda: cuInit: {e}");
+                }
+                CUDA_ERROR_NO_DEVICE
+            }
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
+    guard(|| {
+        // works before cuInit, like the real driver; the node file decides the version
+        let ver = match STATE.get() {
+            Some(Ok(s)) => s.driver_version,
+            _ => gpufence_mock_node::load(cuInit as *const c_void)
+                .map(|n| n.cuda_driver_version)
+                .unwrap_or(12080),
+        };
+        unsafe { put(v, ver) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        unsafe { put(count, s.devices.len() as c_int) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(device(s, ordinal));
+        unsafe { put(dev, ordinal) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let d = tri!(device(s, dev));
+        if name.is_null() || len <= 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let bytes = d.name.as_bytes();
+        let n = bytes.len().min(len as usize - 1);
+        // SAFETY: name has room for len bytes (caller contract); we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
+            *name.add(n) = 0;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let d = tri!(device(s, dev));
+        unsafe { put(uuid, d.uuid) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let d = tri!(device(s, dev));
+        unsafe { put(bytes, d.total as usize) }
+    })
+}
+
+/// A few attributes programs commonly ask for; everything else reads 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(device(s, dev));
+        let v = match attrib {
+            1 => 1024, // MAX_THREADS_PER_BLOCK
+            10 => 32,  // WARP_SIZE
+            16 => 132, // MULTIPROCESSOR_COUNT
+            75 => 9,   // COMPUTE_CAPABILITY_MAJOR
+            76 => 0,   // COMPUTE_CAPABILITY_MINOR
+            115 => 1,  // MEMORY_POOLS_SUPPORTED
+            102 => 1,  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            _ => 0,
+        };
+        unsafe { put(pi, v) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts
+
+fn ctx_for(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
+    device(s, dev)?;
+    Ok(CTX_BASE + dev as usize)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut usize,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let c = tri!(ctx_for(s, dev));
+        CURRENT.with(|cur| cur.set(c));
+        unsafe { put(pctx, c) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if ctx < CTX_BASE || ctx - CTX_BASE >= s.devices.len() {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        CURRENT.with(|cur| {
+            if cur.get() == ctx {
+                cur.set(0)
+            }
+        });
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let c = tri!(ctx_for(s, dev));
+        unsafe { put(pctx, c) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(device(s, dev));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: usize) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if ctx != 0 && (ctx < CTX_BASE || ctx - CTX_BASE >= s.devices.len()) {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        CURRENT.with(|cur| cur.set(ctx));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: usize) -> CUresult {
+    cuCtxSetCurrent(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        let c = CURRENT.with(|cur| cur.replace(0));
+        if !pctx.is_null() {
+            unsafe { pctx.write(c) };
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        unsafe { put(pctx, CURRENT.with(Cell::get)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let d = tri!(current_device(s));
+        unsafe { put(dev, d as CUdevice) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(current_device(s));
+        CUDA_SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        let d = &s.devices[dev];
+        if free.is_null() || total.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let used = d.used.load(Ordering::Acquire);
+        unsafe {
+            free.write(d.total.saturating_sub(used) as usize);
+            total.write(d.total as usize);
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        unsafe { put(dptr, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
+    unsafe { cuMemAlloc_v2(dptr, bytes) }
+}
+
+/// Pitch is the width rounded up to 512 bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    guard(|| {
+        if dptr.is_null()
+            || pitch.is_null()
+            || !matches!(elem, 4 | 8 | 16)
+            || width == 0
+            || height == 0
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        let p = width.div_ceil(512) * 512;
+        let ptr = tri!(alloc_linear(
+            dev,
+            (p as u64).saturating_mul(height as u64),
+            Kind::Linear
+        ));
+        unsafe {
+            pitch.write(p);
+            dptr.write(ptr);
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    guard(|| release(Kind::Linear, dptr))
+}
+
+// Stream-ordered allocator
+
+fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
+    if pool >= POOL_BASE && pool - POOL_BASE < s.devices.len() as u64 {
+        return Ok((pool - POOL_BASE) as usize);
+    }
+    let m = s.allocs.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    m.get(&(Kind::Pool as u8, pool))
+        .map(|e| e.0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(device(s, dev));
+        unsafe { put(pool, POOL_BASE + dev as u64) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
+    unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
+}
+
+/// `CUmemPoolProps` / `CUmemAllocationProp` start the same way: allocType, handleTypes,
+/// location { type, id }.
+#[repr(C)]
+pub struct PropHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const PropHead) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if props.is_null() || pool.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null pointer to the caller's props.
+        let p = unsafe { &*props };
+        if p.location_type != 1 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        tri!(device(s, p.location_id));
+        let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
+        record(s, Kind::Pool, h, p.location_id as usize, 0);
+        unsafe { put(pool, h) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
+    guard(|| release(Kind::Pool, pool))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    _stream: usize,
+) -> CUresult {
+    unsafe { cuMemAlloc_v2(dptr, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: usize,
+) -> CUresult {
+    unsafe { cuMemAllocAsync(dptr, bytes, stream) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: u64,
+    _stream: usize,
+) -> CUresult {
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = tri!(pool_device(s, pool));
+        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        unsafe { put(dptr, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: u64,
+    stream: usize,
+) -> CUresult {
+    unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult {
+    cuMemFree_v2(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: usize) -> CUresult {
+    cuMemFreeAsync(dptr, stream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(_stream: usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        CUDA_SUCCESS
+    })
+}
+
+// Virtual memory management
+
+const VMM_GRANULARITY: usize = 2 << 20;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    gran: *mut usize,
+    prop: *const PropHead,
+    _option: c_int,
+) -> CUresult {
+    guard(|| {
+        tri!(state());
+        if prop.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        unsafe { put(gran, VMM_GRANULARITY) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const PropHead,
+    _flags: u64,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if handle.is_null() || prop.is_null() || size == 0 || !size.is_multiple_of(VMM_GRANULARITY)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null pointer to the caller's prop.
+        let p = unsafe { &*prop };
+        if p.location_type != 1 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        tri!(device(s, p.location_id));
+        let dev = p.location_id as usize;
+        tri!(charge(s, dev, size as u64));
+        let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
+        record(s, Kind::Vmm, h, dev, size as u64);
+        unsafe { put(handle, h) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    guard(|| release(Kind::Vmm, handle))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _align: usize,
+    _addr: u64,
+    _flags: u64,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let p = s.next_ptr.fetch_add(size as u64, Ordering::Relaxed);
+        unsafe { put(ptr, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMap(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    _offset: usize,
+    _handle: u64,
+    _flags: u64,
+) -> CUresult {
+    guard(|| {
+        tri!(state());
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemSetAccess(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    _desc: *const c_void,
+    _count: usize,
+) -> CUresult {
+    guard(|| {
+        tri!(state());
+        CUDA_SUCCESS
+    })
+}
+
+// Arrays
+
+/// `CUDA_ARRAY_DESCRIPTOR`
+#[repr(C)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`
+#[repr(C)]
+pub struct Array3dDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// Bytes per element of a `CUarray_format`, None for unknown formats.
+pub fn format_bytes(format: c_uint) -> Option<u64> {
+    Some(match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => return None,
+    })
+}
+
+/// Bytes of a width × height × depth array (zero extents count as 1), each level of a
+/// mipmapped array halving every extent.
+pub fn array_bytes(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> Option<u64> {
+    let elem = format_bytes(format)?;
+    if !matches!(channels, 1 | 2 | 4) || w == 0 || levels == 0 {
+        return None;
+    }
+    let (mut w, mut h, mut d) = (w as u64, h.max(1) as u64, d.max(1) as u64);
+    let mut total: u64 = 0;
+    for _ in 0..levels {
+        let lvl = w
+            .checked_mul(h)?
+            .checked_mul(d)?
+            .checked_mul(elem * channels as u64)?;
+        total = total.checked_add(lvl)?;
+        w = (w / 2).max(1);
+        h = (h / 2).max(1);
+        d = (d / 2).max(1);
+    }
+    Some(total)
+}
+
+unsafe fn array_create(handle: *mut usize, bytes: Option<u64>) -> CUresult {
+    let s = tri!(state());
+    let dev = tri!(current_device(s));
+    let Some(bytes) = bytes.filter(|_| !handle.is_null()) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    tri!(charge(s, dev, bytes));
+    let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
+    record(s, Kind::Array, h, dev, bytes);
+    unsafe { put(handle, h as usize) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const ArrayDesc) -> CUresult {
+    guard(|| {
+        if desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let d = unsafe { &*desc };
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, 0, d.format, d.channels, 1),
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+) -> CUresult {
+    guard(|| {
+        if desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let d = unsafe { &*desc };
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1),
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut usize,
+    desc: *const Array3dDesc,
+    levels: c_uint,
+) -> CUresult {
+    guard(|| {
+        if desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let d = unsafe { &*desc };
+        unsafe {
+            array_create(
+                handle,
+                array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels),
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(handle: usize) -> CUresult {
+    guard(|| release(Kind::Array, handle as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(handle: usize) -> CUresult {
+    guard(|| release(Kind::Array, handle as u64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: *mut c_void,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: usize,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    // hot path: no catch_unwind needed (nothing here can panic), no locks
+    if f.is_null() {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    match STATE.get() {
+        Some(Ok(_)) => {
+            if CURRENT.with(Cell::get) == 0 {
+                CUDA_ERROR_INVALID_CONTEXT
+            } else {
+                CUDA_SUCCESS
+            }
+        }
+        _ => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: usize,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(err: CUresult, s: *mut *const c_char) -> CUresult {
+    let text: &'static CStr = match err {
+        CUDA_SUCCESS => c"no error",
+        CUDA_ERROR_INVALID_VALUE => c"invalid argument",
+        CUDA_ERROR_OUT_OF_MEMORY => c"out of memory",
+        CUDA_ERROR_NOT_INITIALIZED => c"initialization error",
+        CUDA_ERROR_NO_DEVICE => c"no CUDA-capable device is detected",
+        CUDA_ERROR_INVALID_DEVICE => c"invalid device ordinal",
+        CUDA_ERROR_INVALID_CONTEXT => c"invalid device context",
+        CUDA_ERROR_INVALID_HANDLE => c"invalid resource handle",
+        CUDA_ERROR_NOT_FOUND => c"named symbol not found",
+        _ => {
+            unsafe { put(s, std::ptr::null()) };
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    };
+    unsafe { put(s, text.as_ptr()) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuGetProcAddress
+
+macro_rules! table {
+    ($($f:ident),* $(,)?) => {
+        vec![$((stringify!($f), $f as *const c_void as usize)),*]
+    };
+}
+
+fn exports() -> &'static [(&'static str, usize)] {
+    static T: OnceLock<Vec<(&'static str, usize)>> = OnceLock::new();
+    T.get_or_init(|| {
+        table!(
+            cuInit,
+            cuDriverGetVersion,
+            cuDeviceGetCount,
+            cuDeviceGet,
+            cuDeviceGetName,
+            cuDeviceGetUuid,
+            cuDeviceGetUuid_v2,
+            cuDeviceTotalMem_v2,
+            cuDeviceGetAttribute,
+            cuCtxCreate_v2,
+            cuCtxDestroy_v2,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2,
+            cuCtxSetCurrent,
+            cuCtxPushCurrent_v2,
+            cuCtxPopCurrent_v2,
+            cuCtxGetCurrent,
+            cuCtxGetDevice,
+            cuCtxSynchronize,
+            cuMemGetInfo_v2,
+            cuMemAlloc_v2,
+            cuMemAllocManaged,
+            cuMemAllocPitch_v2,
+            cuMemFree_v2,
+            cuDeviceGetDefaultMemPool,
+            cuDeviceGetMemPool,
+            cuMemPoolCreate,
+            cuMemPoolDestroy,
+            cuMemAllocAsync,
+            cuMemAllocAsync_ptsz,
+            cuMemAllocFromPoolAsync,
+            cuMemAllocFromPoolAsync_ptsz,
+            cuMemFreeAsync,
+            cuMemFreeAsync_ptsz,
+            cuStreamSynchronize,
+            cuMemGetAllocationGranularity,
+            cuMemCreate,
+            cuMemRelease,
+            cuMemAddressReserve,
+            cuMemAddressFree,
+            cuMemMap,
+            cuMemUnmap,
+            cuMemSetAccess,
+            cuArrayCreate_v2,
+            cuArray3DCreate_v2,
+            cuMipmappedArrayCreate,
+            cuArrayDestroy,
+            cuMipmappedArrayDestroy,
+            cuLaunchKernel,
+            cuLaunchKernel_ptsz,
+            cuGetErrorString,
+            cuGetProcAddress,
+            cuGetProcAddress_v2,
+        )
+    })
+}
+
+/// Resolve a base name the way the driver does: per-thread-default-stream variant first when
+/// asked (flag 2), then the highest `_vN`, then the plain name.
+pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
+    let t = exports();
+    let find = |n: &str| t.iter().find(|e| e.0 == n).map(|e| e.1);
+    if flags & 2 != 0 {
+        for suffix in ["_ptsz", "_ptds"] {
+            if let Some(p) = find(&format!("{symbol}{suffix}")) {
+                return Some(p);
+            }
+        }
+    }
+    for suffix in ["_v3", "_v2", ""] {
+        if let Some(p) = find(&format!("{symbol}{suffix}")) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    _cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    guard(|| {
+        if symbol.is_null() || pfn.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller passes a NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        let found = resolve(name, flags);
+        unsafe {
+            pfn.write(found.map_or(std::ptr::null_mut(), |p| p as *mut c_void));
+            if !status.is_null() {
+                status.write(if found.is_some() { 0 } else { 1 });
+            }
+        }
+        if found.is_some() {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_NOT_FOUND
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_parse() {
+        let b = uuid_bytes("GPU-2f5d1c3a-0000-1111-2222-333344445555");
+        assert_eq!(b[0], 0x2f);
+        assert_eq!(b[15], 0x55);
+        assert_ne!(uuid_bytes("GPU-a"), uuid_bytes("GPU-b"));
+    }
+
+    #[test]
+    fn array_sizes() {
+        assert_eq!(array_bytes(100, 0, 0, 0x20, 4, 1), Some(1600));
+        assert_eq!(array_bytes(8, 8, 0, 0x01, 1, 4), Some(64 + 16 + 4 + 1));
+        assert_eq!(array_bytes(8, 8, 0, 0x77, 1, 1), None);
+    }
+
+    #[test]
+    fn proc_address_versions() {
+        assert_eq!(
+            resolve("cuMemAlloc", 0),
+            Some(cuMemAlloc_v2 as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuMemAllocAsync", 2),
+            Some(cuMemAllocAsync_ptsz as *const c_void as usize)
+        );
+        assert_eq!(resolve("cuInit", 0), Some(cuInit as *const c_void as usize));
+        assert_eq!(resolve("cuNothing", 0), None);
+    }
+}

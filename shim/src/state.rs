@@ -1,0 +1,340 @@
+//! What this process enforces: the container's quota (file first, env only when there is no
+//! file), the shared accounting region, and the mapping from this process's CUDA ordinals to the
+//! quota's devices (by UUID, falling back to the ordinal).
+//!
+//! Everything is decided lazily on the first hooked call that needs it — never in a
+//! constructor — and published through atomics.
+
+use std::ffi::{CStr, CString, c_int};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU16, Ordering};
+
+use crate::quota::Quota;
+use crate::real;
+use crate::region::{self, Backing, Region};
+
+pub const DEFAULT_STATE_DIR: &str = "/run/gpufence";
+
+/// One quota device.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub ordinal: u32,
+    pub uuid: Option<[u8; 16]>,
+    /// bytes; `u64::MAX` = no memory limit
+    pub limit: u64,
+}
+
+pub struct Config {
+    pub oversubscribe: bool,
+    pub entries: Vec<Entry>,
+    pub region: &'static Region,
+    pub backing: Backing,
+}
+
+const UNKNOWN: u8 = 0;
+const PASSTHROUGH: u8 = 1;
+const ENFORCING: u8 = 2;
+const BUSY: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+static CONFIG: AtomicPtr<Config> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The config when a quota applies; None = pure pass-through.
+#[inline]
+pub fn config() -> Option<&'static Config> {
+    match MODE.load(Ordering::Acquire) {
+        PASSTHROUGH => None,
+        // SAFETY: published once (Box::leak) before MODE became ENFORCING.
+        ENFORCING => unsafe { CONFIG.load(Ordering::Acquire).as_ref() },
+        _ => init(),
+    }
+}
+
+#[cold]
+fn init() -> Option<&'static Config> {
+    loop {
+        match MODE.compare_exchange(UNKNOWN, BUSY, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(PASSTHROUGH) => return None,
+            // SAFETY: see config().
+            Err(ENFORCING) => return unsafe { CONFIG.load(Ordering::Acquire).as_ref() },
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+    match load() {
+        Some(c) => {
+            let c: &'static Config = Box::leak(Box::new(c));
+            CONFIG.store(c as *const Config as *mut Config, Ordering::Release);
+            MODE.store(ENFORCING, Ordering::Release);
+            if c.backing == Backing::Private {
+                warn("accounting region unavailable; quota enforced per process only");
+            }
+            Some(c)
+        }
+        None => {
+            MODE.store(PASSTHROUGH, Ordering::Release);
+            None
+        }
+    }
+}
+
+pub fn warn(msg: &str) {
+    // one line on stderr, straight to the fd (no std buffering or locks)
+    let line = format!("gpufence: {msg}\n");
+    // SAFETY: writing a valid buffer to fd 2.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+pub fn state_dir() -> CString {
+    std::env::var_os("GPUFENCE_STATE")
+        .filter(|v| !v.is_empty())
+        .and_then(|v| CString::new(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())).ok())
+        .unwrap_or_else(|| CString::new(DEFAULT_STATE_DIR).unwrap_or_default())
+}
+
+fn load() -> Option<Config> {
+    let dir = state_dir();
+    let (oversubscribe, entries) = quota_entries(&dir)?;
+    let (region, backing) = match region::open(&dir) {
+        Some(r) => r,
+        None => {
+            warn("cannot map any accounting region; refusing all device memory");
+            return Some(Config {
+                oversubscribe: false,
+                entries: entries
+                    .into_iter()
+                    .map(|e| Entry { limit: 0, ..e })
+                    .collect(),
+                region: empty_region()?,
+                backing: Backing::Private,
+            });
+        }
+    };
+    Some(Config {
+        oversubscribe,
+        entries,
+        region,
+        backing,
+    })
+}
+
+fn empty_region() -> Option<&'static Region> {
+    region::open(c"/nonexistent").map(|r| r.0)
+}
+
+/// The quota: from the file when it exists; a file that exists but cannot be read or parsed
+/// fails closed (every device limited to 0); env only without a file; None = no quota.
+fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>)> {
+    let path = format!("{}/quota", dir.to_string_lossy());
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match Quota::parse(&text) {
+            Ok(q) => Some((
+                q.oversubscribe,
+                q.devices
+                    .iter()
+                    .take(region::MAX_DEVICES)
+                    .map(|d| Entry {
+                        ordinal: d.ordinal,
+                        uuid: parse_uuid(&d.uuid),
+                        limit: d.memory.unwrap_or(u64::MAX),
+                    })
+                    .collect(),
+            )),
+            Err(e) => {
+                warn(&format!("{path}: {e}; refusing all device memory"));
+                Some((false, fail_closed()))
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => env_entries(),
+        Err(e) => {
+            warn(&format!("{path}: {e}; refusing all device memory"));
+            Some((false, fail_closed()))
+        }
+    }
+}
+
+fn fail_closed() -> Vec<Entry> {
+    (0..region::MAX_DEVICES as u32)
+        .map(|ordinal| Entry {
+            ordinal,
+            uuid: None,
+            limit: 0,
+        })
+        .collect()
+}
+
+fn env_entries() -> Option<(bool, Vec<Entry>)> {
+    let mut entries = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        let Some(i) = k.strip_prefix("GPUFENCE_MEMORY_LIMIT_") else {
+            continue;
+        };
+        let Ok(ordinal) = i.parse::<u32>() else {
+            continue;
+        };
+        if ordinal as usize >= region::MAX_DEVICES {
+            continue;
+        }
+        // malformed value: fail closed on that device
+        let limit = v.trim().parse::<u64>().unwrap_or_else(|_| {
+            warn(&format!(
+                "{k}={v} is not a byte count; device {ordinal} gets no memory"
+            ));
+            0
+        });
+        entries.push(Entry {
+            ordinal,
+            uuid: None,
+            limit,
+        });
+    }
+    if entries.is_empty() {
+        return None;
+    }
+    entries.sort_by_key(|e| e.ordinal);
+    let over = std::env::var("GPUFENCE_OVERSUBSCRIBE").is_ok_and(|v| v == "1" || v == "true");
+    Some((over, entries))
+}
+
+/// 16 bytes of `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` / `MIG-…` (None if not in that form).
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex = text
+        .strip_prefix("GPU-")
+        .or_else(|| text.strip_prefix("MIG-"))
+        .unwrap_or(text);
+    let digits: Vec<u8> = hex.bytes().filter(|b| *b != b'-').collect();
+    if digits.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let s = std::str::from_utf8(&digits[2 * i..2 * i + 2]).ok()?;
+        *o = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA ordinal → quota device
+
+/// A device's enforcement: index into the region + limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Acct {
+    pub idx: usize,
+    pub limit: u64,
+}
+
+const MAP_CAP: usize = 64;
+/// 0 unknown, 1 no limit, 2 + entry index
+static ORD_MAP: [AtomicU16; MAP_CAP] = [const { AtomicU16::new(0) }; MAP_CAP];
+const NO_LIMIT: u16 = 1;
+
+/// Enforcement for CUDA ordinal `dev` of this process (None = unlimited).
+#[inline]
+pub fn acct_for(cfg: &Config, dev: c_int) -> Result<Option<Acct>, ()> {
+    let Ok(d) = usize::try_from(dev) else {
+        return Ok(None);
+    };
+    if let Some(m) = ORD_MAP.get(d) {
+        match m.load(Ordering::Acquire) {
+            0 => {}
+            NO_LIMIT => return Ok(None),
+            v => return Ok(Some(acct(cfg, (v - 2) as usize))),
+        }
+    }
+    let idx = map_ordinal(cfg, dev)?;
+    if let Some(m) = ORD_MAP.get(d) {
+        m.store(idx.map_or(NO_LIMIT, |i| i as u16 + 2), Ordering::Release);
+    }
+    Ok(idx.map(|i| acct(cfg, i)))
+}
+
+fn acct(cfg: &Config, idx: usize) -> Acct {
+    let limit = cfg.entries.get(idx).map_or(0, |e| e.limit);
+    Acct { idx, limit }
+}
+
+fn uuid_of(dev: c_int) -> Option<[u8; 16]> {
+    let mut u = [0u8; 16];
+    for f in [real::cuDeviceGetUuid_v2(), real::cuDeviceGetUuid()]
+        .into_iter()
+        .flatten()
+    {
+        // SAFETY: real driver call with a valid out-buffer.
+        if unsafe { f(&mut u, dev) } == 0 {
+            return Some(u);
+        }
+    }
+    None
+}
+
+/// Entry index for a CUDA ordinal: the entry with its UUID; else the entry with the same
+/// ordinal whose UUID names no device this process can see. Err when the driver cannot say
+/// (not initialised): the caller passes the call through and the driver fails it.
+#[cold]
+fn map_ordinal(cfg: &Config, dev: c_int) -> Result<Option<usize>, ()> {
+    let count_fn = real::cuDeviceGetCount().ok_or(())?;
+    let mut n: c_int = 0;
+    // SAFETY: real driver call.
+    if unsafe { count_fn(&mut n) } != 0 || dev >= n {
+        return Err(());
+    }
+    let visible: Vec<Option<[u8; 16]>> = (0..n).map(uuid_of).collect();
+    let own = visible.get(dev as usize).copied().flatten();
+    let by_uuid = cfg
+        .entries
+        .iter()
+        .position(|e| e.uuid.is_some() && e.uuid == own);
+    let idx = by_uuid.or_else(|| {
+        cfg.entries.iter().position(|e| {
+            e.ordinal == dev as u32 && e.uuid.is_none_or(|u| !visible.contains(&Some(u)))
+        })
+    });
+    Ok(idx.filter(|i| cfg.entries[*i].limit != u64::MAX))
+}
+
+/// Quota entry for an NVML device (by UUID text, else NVML index).
+pub fn entry_for_nvml(cfg: &Config, uuid: Option<&str>, index: Option<u32>) -> Option<Acct> {
+    let u = uuid.and_then(parse_uuid);
+    let idx = cfg
+        .entries
+        .iter()
+        .position(|e| u.is_some() && e.uuid == u)
+        .or_else(|| {
+            let i = index?;
+            cfg.entries
+                .iter()
+                .position(|e| e.ordinal == i && (e.uuid.is_none() || u.is_none()))
+        })?;
+    (cfg.entries[idx].limit != u64::MAX).then(|| acct(cfg, idx))
+}
+
+/// Fork child: forget the ordinal map (atomics only).
+pub fn forget_process() {
+    for m in &ORD_MAP {
+        m.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_text() {
+        let u = parse_uuid("GPU-2f5d1c3a-0000-1111-2222-333344445555").unwrap();
+        assert_eq!(u[0], 0x2f);
+        assert_eq!(u[15], 0x55);
+        assert_eq!(
+            parse_uuid("MIG-2f5d1c3a-0000-1111-2222-333344445555"),
+            Some(u)
+        );
+        assert_eq!(parse_uuid("GPU-1"), None);
+        assert_eq!(
+            parse_uuid("MIG-GPU-2f5d1c3a-0000-1111-2222-333344445555/1/0"),
+            None
+        );
+    }
+}

@@ -1,0 +1,502 @@
+//! libgpufence.so on the simulated node, outside containers: quota held exactly through all
+//! three ways of reaching the driver, concurrent processes, reclaim after SIGKILL / exit / fork,
+//! VMM, pools, arrays, reporting, quota sources, device matching.
+//!
+//! Needs root (fake device nodes) and gcc; `cargo build --workspace` first (the cdylibs).
+
+mod common;
+#[path = "fixtures/cuda_harness.rs"]
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+
+use harness::{MIB, Node, field, lines, num};
+
+const MODES: [&str; 3] = ["direct", "dlsym", "proc"];
+
+#[test]
+fn one_process_is_held_to_its_quota_exactly_on_every_path() {
+    let Some(node) = Node::new("shim-exact", &[1024]) else {
+        return;
+    };
+    // a quota that is not a multiple of the chunk: the last odd bytes are usable too
+    let quota = 100 * MIB + 12345;
+    for mode in MODES {
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, quota)])));
+        let out = node.run(
+            mode,
+            &st,
+            &[
+                "where", "info", "totalmem", "fill", "1048576", "alloc", "12345", "alloc", "1",
+                "info", "free", "fill", "1048576", "free", "info",
+            ],
+        );
+        for l in lines(&out, "where") {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let wrapped = !matches!(
+                f[1],
+                "cuInit" | "cuDeviceGet" | "cuDevicePrimaryCtxRetain" | "cuCtxSetCurrent"
+            );
+            if wrapped {
+                assert_eq!(f[2], "libgpufence.so", "{mode}: {l}");
+            }
+        }
+        let info: Vec<&str> = lines(&out, "info");
+        assert_eq!(
+            info[0],
+            format!("info {quota} {quota}"),
+            "{mode}: slice before use"
+        );
+        assert_eq!(num(&out, "totalmem"), quota, "{mode}");
+        let fills: Vec<u64> = lines(&out, "fill")
+            .iter()
+            .map(|l| l[5..].parse().unwrap())
+            .collect();
+        assert_eq!(
+            fills,
+            vec![100 * MIB, 100 * MIB],
+            "{mode}: full quota usable, and again after free"
+        );
+        assert!(out.contains("alloc 12345 ok\n"), "{mode}: {out}");
+        assert!(
+            out.contains("alloc 1 err 2\n"),
+            "{mode}: one byte past the quota is refused: {out}"
+        );
+        assert_eq!(info[1], format!("info 0 {quota}"), "{mode}: nothing left");
+        assert_eq!(info[2], format!("info {quota} {quota}"), "{mode}: all back");
+    }
+}
+
+#[test]
+fn eight_processes_allocating_concurrently_never_exceed_the_quota_together() {
+    let Some(node) = Node::new("shim-concurrent", &[1024]) else {
+        return;
+    };
+    let quota = 64 * MIB;
+    let st = node.state("c", Some(&node.quota(&[(0, 0, quota)])));
+    let counter = node.dir.join("counter");
+    std::fs::write(&counter, [0u8; 8]).unwrap();
+    let q = quota.to_string();
+    let ctr = counter.to_str().unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            let seed = (1000 + i).to_string();
+            node.spawn(
+                MODES[i % 3],
+                &st,
+                &["random", &seed, "4000", "6000000", ctr, &q],
+            )
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for c in children {
+        let out = harness::output_ok(c.wait_with_output().unwrap());
+        let f = field(&out, "random");
+        let peak: u64 = f[0].parse().unwrap();
+        assert!(peak <= quota, "peak {peak} > quota {quota}");
+        ok += f[1].parse::<u64>().unwrap();
+        refused += f[2].parse::<u64>().unwrap();
+    }
+    assert!(ok > 1000, "allocations succeeded: {ok}");
+    assert!(refused > 100, "the quota was contended: {refused} refusals");
+    // everything was given back: a newcomer gets the whole quota
+    let out = node.run("dlsym", &st, &["fill", "1048576"]);
+    assert_eq!(num(&out, "fill"), quota);
+}
+
+#[test]
+fn sigkilled_process_memory_is_reclaimed() {
+    let Some(node) = Node::new("shim-kill", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    let st = node.state("k", Some(&node.quota(&[(0, 0, quota)])));
+    let mut holder = node.spawn("direct", &st, &["alloc", &(80 * MIB).to_string(), "hold"]);
+    let mut rd = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    rd.read_line(&mut line).unwrap();
+    assert!(line.starts_with("alloc 83886080 ok"), "{line}");
+    line.clear();
+    rd.read_line(&mut line).unwrap();
+    assert_eq!(line, "holding\n");
+    // a neighbour in the same container sees the holder's share
+    let out = node.run(
+        "dlsym",
+        &st,
+        &["info", "alloc", &(30 * MIB).to_string(), "fill", "1048576"],
+    );
+    assert_eq!(
+        field(&out, "info"),
+        vec![(20 * MIB).to_string(), quota.to_string()]
+    );
+    assert!(out.contains(&format!("alloc {} err 2", 30 * MIB)), "{out}");
+    assert_eq!(num(&out, "fill"), 20 * MIB);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let out = node.run("proc", &st, &["fill", "1048576", "info"]);
+    assert_eq!(
+        num(&out, "fill"),
+        quota,
+        "the killed process's 80 MiB came back"
+    );
+}
+
+#[test]
+fn forked_child_is_accounted_separately_and_reclaimed() {
+    let Some(node) = Node::new("shim-fork", &[1024]) else {
+        return;
+    };
+    let st = node.state("f", Some(&node.quota(&[(0, 0, 64 * MIB)])));
+    let out = node.run(
+        "dlsym",
+        &st,
+        &[
+            "alloc",
+            &(16 * MIB).to_string(),
+            "forkfill",
+            "1048576",
+            "free",
+            "fill",
+            "1048576",
+        ],
+    );
+    assert_eq!(
+        num(&out, "child"),
+        48 * MIB,
+        "child gets what the parent left: {out}"
+    );
+    assert_eq!(field(&out, "forked"), vec!["0"]);
+    assert_eq!(
+        num(&out, "fill"),
+        64 * MIB,
+        "the dead child's memory was reclaimed: {out}"
+    );
+}
+
+#[test]
+fn vmm_async_pool_managed_pitch_and_array_allocations_count() {
+    let Some(node) = Node::new("shim-kinds", &[1024]) else {
+        return;
+    };
+    for mode in MODES {
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, 64 * MIB)])));
+        let m = |n: u64| (n * MIB).to_string();
+        let out = node.run(
+            mode,
+            &st,
+            &[
+                "vmm",
+                &m(16),
+                "async",
+                &m(8),
+                "ptsz",
+                &m(8),
+                "pool",
+                &m(8),
+                "newpool",
+                &m(8),
+                "managed",
+                &m(8),
+                "vmm",
+                &m(8),
+                "info",
+                "vmm",
+                &m(2),
+                "async",
+                "1",
+                "ptsz",
+                "1",
+                "pool",
+                "1",
+                "newpool",
+                "1",
+                "managed",
+                "1",
+                "alloc",
+                "1",
+                "free",
+                "info",
+                // arrays and pitched memory: 4 MiB float4 2D array, 3D array, mipmap, pitch
+                "array",
+                "512",
+                "512",
+                "array3d",
+                "64",
+                "64",
+                "64",
+                "mipmap",
+                "256",
+                "256",
+                "4",
+                "pitch",
+                "1000",
+                "1000",
+                "info",
+                "fill",
+                "1048576",
+                "vmm",
+                &m(2),
+                "free",
+                "info",
+            ],
+        );
+        for kind in [
+            "vmm 16777216",
+            "vmm 8388608",
+            "managed 8388608",
+            "async 8388608",
+            "ptsz 8388608",
+            "pool 8388608",
+            "newpool 8388608",
+        ] {
+            assert!(out.contains(&format!("{kind} ok")), "{mode}: {kind}: {out}");
+        }
+        let info = lines(&out, "info");
+        assert_eq!(
+            info[0],
+            format!("info 0 {}", 64 * MIB),
+            "{mode}: 16+8+8+8+8+8+8 MiB charged"
+        );
+        for refused in [
+            "vmm 2097152",
+            "async 1",
+            "ptsz 1",
+            "pool 1",
+            "newpool 1",
+            "managed 1",
+            "alloc 1",
+        ] {
+            assert!(
+                out.contains(&format!("{refused} err 2")),
+                "{mode}: {refused} must be refused: {out}"
+            );
+        }
+        assert_eq!(
+            info[1],
+            format!("info {} {}", 64 * MIB, 64 * MIB),
+            "{mode}: all released"
+        );
+        // array 512x512 float4 = 4 MiB; 3D 64^3 float4 = 4 MiB; mipmap 256^2 float4 4 levels
+        // = (65536+16384+4096+1024)*16; pitch 1024*1000
+        let arrays = 4 * MIB + 4 * MIB + (65536 + 16384 + 4096 + 1024) * 16 + 1024 * 1000;
+        assert_eq!(
+            info[2],
+            format!("info {} {}", 64 * MIB - arrays, 64 * MIB),
+            "{mode}: {out}"
+        );
+        assert_eq!(num(&out, "fill"), (64 * MIB - arrays) / MIB * MIB, "{mode}");
+        assert_eq!(
+            info[3],
+            format!("info {} {}", 64 * MIB, 64 * MIB),
+            "{mode}: arrays released"
+        );
+    }
+}
+
+#[test]
+fn without_quota_the_shim_passes_through() {
+    let Some(node) = Node::new("shim-none", &[256]) else {
+        return;
+    };
+    let st = node.state("none", None);
+    let out = node.run("dlsym", &st, &["where", "fill", "1048576", "info"]);
+    assert_eq!(num(&out, "fill"), 256 * MIB);
+    // dlsym hands out the driver's own functions: zero overhead
+    assert!(out.contains("where cuMemAlloc_v2 libcuda.so.1"), "{out}");
+    assert!(
+        !st.join("accounting").exists(),
+        "no accounting without a quota"
+    );
+}
+
+#[test]
+fn env_quota_applies_only_without_a_quota_file() {
+    let Some(node) = Node::new("shim-env", &[256]) else {
+        return;
+    };
+    let st = node.state("env", None);
+    let mut c = node.client("dlsym", &st, &["fill", "1048576"]);
+    c.env("GPUFENCE_MEMORY_LIMIT_0", (50 * MIB).to_string());
+    assert_eq!(
+        num(&harness::output_ok(c.output().unwrap()), "fill"),
+        50 * MIB
+    );
+    // the read-only file wins over a process's own env
+    let st = node.state("file", Some(&node.quota(&[(0, 0, 10 * MIB)])));
+    let mut c = node.client("dlsym", &st, &["fill", "1048576"]);
+    c.env("GPUFENCE_MEMORY_LIMIT_0", (200 * MIB).to_string());
+    assert_eq!(
+        num(&harness::output_ok(c.output().unwrap()), "fill"),
+        10 * MIB
+    );
+}
+
+#[test]
+fn damaged_quota_file_fails_closed() {
+    let Some(node) = Node::new("shim-damaged", &[256]) else {
+        return;
+    };
+    let st = node.state("bad", Some("version=1\ndevice.0.memory=lots\n"));
+    let o = node.client("dlsym", &st, &["alloc", "1"]).output().unwrap();
+    let out = harness::output_ok(o.clone());
+    assert!(out.contains("alloc 1 err 2"), "{out}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("gpufence:") && err.contains("quota"), "{err}");
+}
+
+#[test]
+fn devices_are_matched_by_uuid_and_accounted_per_container_device() {
+    let Some(node) = Node::new("shim-uuid", &[1024, 1024]) else {
+        return;
+    };
+    // quota ordinals deliberately disagree with the CUDA order: the UUID decides
+    let q = format!(
+        "version=1\ndevice.0.uuid={}\ndevice.0.memory={}\ndevice.1.uuid={}\ndevice.1.memory={}\n",
+        node.gpus[1],
+        10 * MIB,
+        node.gpus[0],
+        20 * MIB
+    );
+    let st = node.state("u", Some(&q));
+    let out = node.run("dlsym", &st, &["fill", "1048576", "free"]);
+    assert_eq!(
+        num(&out, "fill"),
+        20 * MIB,
+        "CUDA device 0 is GPU 0 = quota device 1"
+    );
+    let mut c = node.client("proc", &st, &["fill", "1048576", "free"]);
+    c.env("CLIENT_DEVICE", "1");
+    assert_eq!(
+        num(&harness::output_ok(c.output().unwrap()), "fill"),
+        10 * MIB
+    );
+    // one process sees GPU 1 as CUDA device 0, another as device 1: they share its quota
+    let mut a = node.client("direct", &st, &["alloc", &(6 * MIB).to_string(), "hold"]);
+    a.env("CUDA_VISIBLE_DEVICES", &node.gpus[1])
+        .stdout(std::process::Stdio::piped());
+    let mut a = a.spawn().unwrap();
+    let mut rd = BufReader::new(a.stdout.take().unwrap());
+    let mut line = String::new();
+    rd.read_line(&mut line).unwrap();
+    assert!(line.contains("ok"), "{line}");
+    let mut c = node.client("dlsym", &st, &["fill", "1048576"]);
+    c.env("CLIENT_DEVICE", "1");
+    assert_eq!(
+        num(&harness::output_ok(c.output().unwrap()), "fill"),
+        4 * MIB
+    );
+    a.kill().unwrap();
+    a.wait().unwrap();
+}
+
+#[test]
+fn accounting_region_is_shared_with_non_root_users() {
+    let Some(node) = Node::new("shim-nonroot", &[256]) else {
+        return;
+    };
+    let st = node.state("nr", Some(&node.quota(&[(0, 0, 32 * MIB)])));
+    // root's process creates the region; an unprivileged one must share it
+    let mut holder = node.spawn("dlsym", &st, &["alloc", &(8 * MIB).to_string(), "hold"]);
+    let mut rd = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    rd.read_line(&mut line).unwrap();
+    let mode = std::fs::metadata(st.join("accounting"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o666);
+    let (plain, _) = harness::clients();
+    let _ = std::fs::set_permissions(
+        plain.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    );
+    let mut c = node.client("dlsym", &st, &["fill", "1048576"]);
+    std::os::unix::process::CommandExt::uid(&mut c, 65534);
+    std::os::unix::process::CommandExt::gid(&mut c, 65534);
+    let out = harness::output_ok(c.output().unwrap());
+    assert_eq!(num(&out, "fill"), 24 * MIB);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn nvml_reports_the_containers_slice() {
+    let Some(node) = Node::new("shim-nvml", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    let st = node.state("n", Some(&node.quota(&[(0, 0, quota)])));
+    let out = node.run("dlsym", &st, &["nvml"]);
+    assert_eq!(
+        field(&out, "nvml"),
+        [quota, quota, 0].map(|v| v.to_string()),
+        "{out}"
+    );
+    assert_eq!(
+        field(&out, "nvml2"),
+        [quota, 0, quota, 0].map(|v| v.to_string()),
+        "{out}"
+    );
+    assert_eq!(field(&out, "nvml-where"), vec!["libgpufence.so"]);
+    // a process of the container holds 30 MiB: nvidia-smi in any other process shows it
+    let mut holder = node.spawn("direct", &st, &["alloc", &(30 * MIB).to_string(), "hold"]);
+    let mut rd = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    rd.read_line(&mut line).unwrap();
+    let out = node.run("proc", &st, &["nvml"]);
+    assert_eq!(
+        field(&out, "nvml"),
+        [quota, 70 * MIB, 30 * MIB].map(|v| v.to_string()),
+        "{out}"
+    );
+    assert_eq!(
+        field(&out, "nvml2"),
+        [quota, 0, 70 * MIB, 30 * MIB].map(|v| v.to_string()),
+        "{out}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // never more than the device: a quota above the physical size reports the device
+    let st = node.state("big", Some(&node.quota(&[(0, 0, 4096 * MIB)])));
+    let out = node.run("dlsym", &st, &["nvml"]);
+    assert_eq!(field(&out, "nvml")[0], (1024 * MIB).to_string(), "{out}");
+    // without a quota NVML is untouched
+    let st = node.state("none", None);
+    let out = node.run("dlsym", &st, &["nvml"]);
+    assert_eq!(
+        field(&out, "nvml"),
+        [1024 * MIB, 1024 * MIB, 0].map(|v| v.to_string()),
+        "{out}"
+    );
+}
+
+#[test]
+fn oversubscribe_spills_past_the_quota_instead_of_failing() {
+    let Some(node) = Node::new("shim-over", &[256]) else {
+        return;
+    };
+    let q = node
+        .quota(&[(0, 0, 10 * MIB)])
+        .replace("oversubscribe=0", "oversubscribe=1");
+    let st = node.state("o", Some(&q));
+    // cuMemAlloc_v2 past the quota is served as managed (host-backed) memory, not charged
+    let out = node.run(
+        "dlsym",
+        &st,
+        &[
+            "alloc",
+            &(8 * MIB).to_string(),
+            "alloc",
+            &(8 * MIB).to_string(),
+            "info",
+        ],
+    );
+    assert_eq!(lines(&out, "alloc").len(), 2);
+    assert!(!out.contains("err"), "{out}");
+    assert_eq!(
+        field(&out, "info"),
+        vec![(2 * MIB).to_string(), (10 * MIB).to_string()],
+        "{out}"
+    );
+}
