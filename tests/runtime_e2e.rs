@@ -293,7 +293,10 @@ fn nvml_in_the_container_sees_only_the_granted_gpu() {
         &s,
         "b",
         "nvidia-smi 2>&1; echo rc=$?",
-        &[("gpufence.dev/devices", "2")],
+        &[
+            ("gpufence.dev/devices", "2"),
+            ("gpufence.dev/memory", "2Gi"),
+        ],
         &[],
     );
     common::glibc_rootfs(&b);
