@@ -94,24 +94,37 @@ one() { # $1 = runtime binary, $2 = state root, $3 = id; prints elapsed seconds
 
 # Warm-up (page cache, binaries).
 cp "$S/config.pristine.json" "$B/config.json"; one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" warm-gf >/dev/null
+# What gpufence-runtime makes of the bundle, with its state directory kept, for the breakdown arm.
+cp "$S/config.pristine.json" "$B/config.json"
+"$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" create --bundle "$B" edited-src </dev/null >/dev/null
+cp "$B/config.json" "$S/config.edited.json"
+cp -a "$S/state/edited-src" "$S/state-edited-src"
+"$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" delete --force edited-src
+mv "$S/state-edited-src" "$S/state/edited-src"
 cp "$S/config.pristine.json" "$B/config.json"; one "$RUNC" "$ROOT_RUNC" warm-runc >/dev/null
 
-: >"$S/gf.txt"; : >"$S/runc.txt"
+: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"
 for i in $(seq 1 "$RUNS"); do
   cp "$S/config.pristine.json" "$B/config.json"
   one "$RUNC" "$ROOT_RUNC" "runc-$i" >>"$S/runc.txt"
   cp "$S/config.pristine.json" "$B/config.json"
   one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" >>"$S/gf.txt"
+  # Breakdown: plain runc on the spec gpufence-runtime produced (devices, mounts, ldcache hook).
+  cp "$S/config.edited.json" "$B/config.json"
+  one "$RUNC" "$ROOT_RUNC" "edited-$i" >>"$S/edited.txt"
 done
+cp "$S/config.pristine.json" "$B/config.json"
+one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-last" >/dev/null
 # The edit really happened: the last gpufence run's config.json names the GPU.
 grep -q '"/dev/nvidia1"' "$B/config.json" || { echo "runtime bench: gpufence did not edit config.json" >&2; exit 1; }
-[ ! -e "$S/state/gf-$RUNS" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
+[ ! -e "$S/state/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
 median() { sort -g "$1" | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.6f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-M_RUNC=$(median "$S/runc.txt"); M_GF=$(median "$S/gf.txt")
-awk -v r="$M_RUNC" -v g="$M_GF" -v n="$RUNS" -v bin="$BIN_DIR" 'BEGIN {
+M_RUNC=$(median "$S/runc.txt"); M_GF=$(median "$S/gf.txt"); M_ED=$(median "$S/edited.txt")
+awk -v r="$M_RUNC" -v g="$M_GF" -v e="$M_ED" -v n="$RUNS" -v bin="$BIN_DIR" 'BEGIN {
   printf "runtime bench: create+start+delete, %d alternating runs each, 8-GPU simulated node, 1 GPU allocated (%s)\n", n, bin
   printf "  plain runc        median %.2f ms\n", r * 1000
   printf "  gpufence-runtime  median %.2f ms\n", g * 1000
   printf "  ratio %.3f, added %.2f ms (aim: ratio <= 1.15)\n", g / r, (g - r) * 1000
+  printf "  breakdown: runc on the edited spec median %.2f ms -> enforcement inside runc (devices, mounts, ldcache hook) %.2f ms, gpufence-runtime itself %.2f ms\n", e * 1000, (e - r) * 1000, (g - e) * 1000
 }'
