@@ -430,6 +430,11 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
     let Some(id) = id else {
         return Err(exec(rt, rest));
     };
+    let dir = cfg.container_state_dir(id);
+    if std::fs::symlink_metadata(&dir).is_err() {
+        // Nothing of ours to clean up (no GPU, or already removed): plain exec.
+        return Err(exec(rt, rest));
+    }
     let status = Command::new(rt)
         .arg0(rt)
         .args(rest)
@@ -439,7 +444,6 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
     });
     if code == 0 || !container_exists(parsed, cfg, id) {
-        let dir = cfg.container_state_dir(id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
