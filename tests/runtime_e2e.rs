@@ -326,3 +326,81 @@ fn nvml_in_the_container_sees_only_the_granted_gpu() {
     );
     let _ = runtime(&n, &root, &s.join("runc.log"), &["delete", "-f", &id]);
 }
+
+#[test]
+fn shim_by_ld_preload_env() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-envshim");
+    let n = node(&s, 2, &[("shim.inject", toml_edit::value("env"))]);
+    let b = bundle(
+        &s,
+        "b",
+        "echo \"ldp=$LD_PRELOAD\"; echo \"preload=$(cat /etc/ld.so.preload 2>/dev/null)\"; test -r /usr/lib/gpufence/libgpufence.so && echo shim=present",
+        &[("gpufence.dev/devices", "0")],
+        &["LD_PRELOAD=/usr/lib/libother.so"],
+    );
+    let root = s.join("runc-root");
+    let id = unique_id("envshim");
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "-b", b.to_str().unwrap(), &id],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let f = facts(&out);
+    assert_eq!(
+        f["ldp"], "/usr/lib/gpufence/libgpufence.so:/usr/lib/libother.so",
+        "{out}"
+    );
+    assert_eq!(
+        f["preload"], "",
+        "no ld.so.preload with inject = env: {out}"
+    );
+    assert_eq!(f["shim"], "present", "{out}");
+    let _ = runtime(&n, &root, &s.join("runc.log"), &["delete", "-f", &id]);
+}
+
+#[test]
+fn broken_config_fails_closed() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-badcfg");
+    let b = bundle(&s, "b", "echo ran", &[], &[]);
+    let before = std::fs::read(b.join("config.json")).unwrap();
+    let cfg = s.join("gpufence.toml");
+    std::fs::write(&cfg, "[allocation]\ntrust-env = \"maybe\"\n").unwrap();
+    let root = s.join("runc-root");
+    let runc_log = s.join("runc.log");
+    let id = unique_id("badcfg");
+    let (code, out, err) = common::run(
+        std::process::Command::new(common::bin("gpufence-runtime"))
+            .env("GPUFENCE_CONFIG", &cfg)
+            .arg("--root")
+            .arg(&root)
+            .arg("--log")
+            .arg(&runc_log)
+            .args([
+                "--log-format",
+                "json",
+                "run",
+                "-b",
+                b.to_str().unwrap(),
+                &id,
+            ]),
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(!out.contains("ran"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(cfg.to_str().unwrap()), "names the file: {err}");
+    assert!(
+        std::fs::read_to_string(&runc_log)
+            .unwrap()
+            .contains("gpufence.toml")
+    );
+    assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
+    assert!(!runc_list(&root).contains(&id));
+}
