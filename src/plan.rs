@@ -544,3 +544,78 @@ pub fn ldcache_hook(config: &crate::config::Config, folders: &[String]) -> crate
         timeout: Some(10),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{DeviceNode, Gpu, Inventory};
+
+    fn inv() -> Inventory {
+        let node = |p: &str, minor| DeviceNode {
+            path: p.to_string(),
+            host_path: p.into(),
+            kind: 'c',
+            major: 195,
+            minor,
+        };
+        Inventory {
+            driver_version: "580.65.06".into(),
+            cuda_driver_version: 12080,
+            gpus: vec![Gpu {
+                index: 0,
+                minor: 0,
+                uuid: "GPU-a".into(),
+                name: "x".into(),
+                memory_bytes: 1 << 34,
+                pci_bus_id: "00000000:01:00.0".into(),
+                compute_capability: (9, 0),
+                mig_enabled: false,
+                mig_capable: false,
+                mig_devices: vec![],
+                node: node("/dev/nvidia0", 0),
+            }],
+            control_nodes: vec![node("/dev/nvidiactl", 255)],
+            driver_files: vec![],
+        }
+    }
+
+    #[test]
+    fn container_ids() {
+        for ok in ["a", "A-b_c.d+e,f", "0"] {
+            assert!(validate_container_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "ä", "a\0b"] {
+            let e = validate_container_id(bad).unwrap_err();
+            assert_eq!(e.key, "container id");
+        }
+    }
+
+    #[test]
+    fn no_allocation_no_driver_files_no_shim() {
+        let spec = serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}});
+        let p = plan(&spec, "c", &inv(), &crate::config::Config::default(), &[]).unwrap();
+        assert!(p.grants_nothing());
+        assert!(p.edits.is_empty() && p.host_files.is_empty() && p.state_dir.is_none());
+        assert_eq!(p.env_overrides, ["NVIDIA_VISIBLE_DEVICES=void"]);
+    }
+
+    #[test]
+    fn allocation_with_no_driver_libraries_has_no_ldcache_hook() {
+        let spec = serde_json::json!({"annotations": {"gpufence.dev/devices": "0"},
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}});
+        let p = plan(&spec, "c", &inv(), &crate::config::Config::default(), &[]).unwrap();
+        assert!(p.edits.hooks.is_empty());
+        assert_eq!(p.cgroup_rules.len(), 2);
+        assert!(p.env_overrides.is_empty());
+        assert!(
+            p.notes[0].contains("replaced by the allocated devices"),
+            "{:?}",
+            p.notes
+        );
+        assert!(
+            p.edits
+                .env
+                .contains(&"NVIDIA_VISIBLE_DEVICES=GPU-a".to_string())
+        );
+    }
+}

@@ -79,780 +79,110 @@ fn check(cases: &[Case]) {
 const G: u64 = GIB;
 
 #[test]
+#[rustfmt::skip]
 fn gpufence_annotations() {
     use Want::*;
     let cases = [
-        Case {
-            name: "one gpu",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0")],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", None, None)], false),
-        },
-        Case {
-            name: "by uuid + quota",
-            config: config,
-            annotations: &[
-                (
-                    "gpufence.dev/devices",
-                    "GPU-00000001-aaaa-bbbb-cccc-000000000001",
-                ),
-                ("gpufence.dev/memory", "4Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("1", Some(4 * G), None)], false),
-        },
-        Case {
-            name: "uuid case-insensitive",
-            config: config,
-            annotations: &[(
-                "gpufence.dev/devices",
-                "gpu-00000001-AAAA-bbbb-cccc-000000000001",
-            )],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("1", None, None)], false),
-        },
-        Case {
-            name: "one value for all",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0, 1"),
-                ("gpufence.dev/memory", "4096Mi"),
-                ("gpufence.dev/cores", "50"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(
-                &[("0", Some(4 * G), Some(50)), ("1", Some(4 * G), Some(50))],
-                false,
-            ),
-        },
-        Case {
-            name: "aligned lists",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "1,0"),
-                ("gpufence.dev/memory", "4G,500M"),
-                ("gpufence.dev/cores", "100,1"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(
-                &[
-                    ("1", Some(4_000_000_000), Some(100)),
-                    ("0", Some(500_000_000), Some(1)),
-                ],
-                false,
-            ),
-        },
-        Case {
-            name: "plain bytes",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "1073741824"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", Some(G), None)], false),
-        },
-        Case {
-            name: "mig by index",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "2:1"),
-                ("gpufence.dev/memory", "5Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("2:1", Some(5 * G), None)], false),
-        },
-        Case {
-            name: "mig by uuid",
-            config: config,
-            annotations: &[(
-                "gpufence.dev/devices",
-                "MIG-20202020-aaaa-bbbb-cccc-dddddddddddd",
-            )],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("2:0", None, None)], false),
-        },
-        Case {
-            name: "two migs of one gpu",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "2:0,2:1")],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("2:0", None, None), ("2:1", None, None)], false),
-        },
-        Case {
-            name: "all",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "all"),
-                ("gpufence.dev/memory", "1Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(
-                &[
-                    ("0", Some(G), None),
-                    ("1", Some(G), None),
-                    ("2:0", Some(G), None),
-                    ("2:1", Some(G), None),
-                    ("3", Some(G), None),
-                ],
-                false,
-            ),
-        },
-        Case {
-            name: "oversubscribe",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "100Gi"),
-                ("gpufence.dev/oversubscribe", "true"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", Some(100 * G), None)], true),
-        },
-        Case {
-            name: "oversubscribe false",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/oversubscribe", "false"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", None, None)], false),
-        },
-        Case {
-            name: "nothing",
-            config: config,
-            annotations: &[("other", "x")],
-            env: &[],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "one gpu", config, annotations: &[("gpufence.dev/devices", "0")], env: &[], mounts: &[], want: Devices(&[("0", None, None)], false) },
+        Case { name: "by uuid + quota", config, annotations: &[("gpufence.dev/devices", "GPU-00000001-aaaa-bbbb-cccc-000000000001"), ("gpufence.dev/memory", "4Gi")], env: &[], mounts: &[], want: Devices(&[("1", Some(4 * G), None)], false) },
+        Case { name: "uuid case-insensitive", config, annotations: &[("gpufence.dev/devices", "gpu-00000001-AAAA-bbbb-cccc-000000000001")], env: &[], mounts: &[], want: Devices(&[("1", None, None)], false) },
+        Case { name: "one value for all", config, annotations: &[("gpufence.dev/devices", "0, 1"), ("gpufence.dev/memory", "4096Mi"), ("gpufence.dev/cores", "50")], env: &[], mounts: &[], want: Devices(&[("0", Some(4 * G), Some(50)), ("1", Some(4 * G), Some(50))], false) },
+        Case { name: "aligned lists", config, annotations: &[("gpufence.dev/devices", "1,0"), ("gpufence.dev/memory", "4G,500M"), ("gpufence.dev/cores", "100,1")], env: &[], mounts: &[], want: Devices(&[("1", Some(4_000_000_000), Some(100)), ("0", Some(500_000_000), Some(1))], false) },
+        Case { name: "plain bytes", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "1073741824")], env: &[], mounts: &[], want: Devices(&[("0", Some(G), None)], false) },
+        Case { name: "mig by index", config, annotations: &[("gpufence.dev/devices", "2:1"), ("gpufence.dev/memory", "5Gi")], env: &[], mounts: &[], want: Devices(&[("2:1", Some(5 * G), None)], false) },
+        Case { name: "mig by uuid", config, annotations: &[("gpufence.dev/devices", "MIG-20202020-aaaa-bbbb-cccc-dddddddddddd")], env: &[], mounts: &[], want: Devices(&[("2:0", None, None)], false) },
+        Case { name: "two migs of one gpu", config, annotations: &[("gpufence.dev/devices", "2:0,2:1")], env: &[], mounts: &[], want: Devices(&[("2:0", None, None), ("2:1", None, None)], false) },
+        Case { name: "all", config, annotations: &[("gpufence.dev/devices", "all"), ("gpufence.dev/memory", "1Gi")], env: &[], mounts: &[], want: Devices(&[("0", Some(G), None), ("1", Some(G), None), ("2:0", Some(G), None), ("2:1", Some(G), None), ("3", Some(G), None)], false) },
+        Case { name: "oversubscribe", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "100Gi"), ("gpufence.dev/oversubscribe", "true")], env: &[], mounts: &[], want: Devices(&[("0", Some(100 * G), None)], true) },
+        Case { name: "oversubscribe false", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/oversubscribe", "false")], env: &[], mounts: &[], want: Devices(&[("0", None, None)], false) },
+        Case { name: "nothing", config, annotations: &[("other", "x")], env: &[], mounts: &[], want: Nothing },
         // errors
-        Case {
-            name: "unknown index",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "7")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "no GPU with index 7"),
-        },
-        Case {
-            name: "unknown uuid",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "GPU-nope")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "no GPU with UUID"),
-        },
-        Case {
-            name: "unknown mig uuid",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "MIG-nope")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "no MIG device"),
-        },
-        Case {
-            name: "garbage",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "zero")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "not a device"),
-        },
-        Case {
-            name: "empty",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "empty device"),
-        },
-        Case {
-            name: "trailing comma",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0,")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "empty device"),
-        },
-        Case {
-            name: "duplicate",
-            config: config,
-            annotations: &[(
-                "gpufence.dev/devices",
-                "0,GPU-00000000-aaaa-bbbb-cccc-000000000000",
-            )],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "twice"),
-        },
-        Case {
-            name: "mig with parent",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "2,2:0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "together with its parent GPU 2"),
-        },
-        Case {
-            name: "all mixed",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "all,0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "\"all\" cannot be combined"),
-        },
-        Case {
-            name: "mig disabled",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "3:0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "GPU 3 has MIG disabled"),
-        },
-        Case {
-            name: "mig on non-mig gpu",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0:0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "MIG disabled"),
-        },
-        Case {
-            name: "unknown mig index",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "2:5")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/devices", "no MIG device 5"),
-        },
-        Case {
-            name: "memory 0",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "quota of 0"),
-        },
-        Case {
-            name: "memory junk",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "4GB"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "unknown suffix"),
-        },
-        Case {
-            name: "memory negative",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "-4Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "negative"),
-        },
-        Case {
-            name: "memory larger than device",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "81Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "exceeds the memory of GPU 0"),
-        },
-        Case {
-            name: "memory larger than mig",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "2:0"),
-                ("gpufence.dev/memory", "11Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "exceeds the memory of MIG 2:0"),
-        },
-        Case {
-            name: "memory list length",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0,1"),
-                ("gpufence.dev/memory", "1Gi,2Gi,3Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "3 values for 2 devices"),
-        },
-        Case {
-            name: "cores list length",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0,1,3"),
-                ("gpufence.dev/cores", "10,20"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/cores", "2 values for 3 devices"),
-        },
-        Case {
-            name: "cores 0",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "0")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/cores", "1–100"),
-        },
-        Case {
-            name: "cores 101",
-            config: config,
-            annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "101")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/cores", "1–100"),
-        },
-        Case {
-            name: "cores fraction",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/cores", "50.5"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/cores", "1–100"),
-        },
-        Case {
-            name: "oversubscribe junk",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/oversubscribe", "yes"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/oversubscribe", "true or false"),
-        },
-        Case {
-            name: "memory without devices",
-            config: config,
-            annotations: &[("gpufence.dev/memory", "4Gi")],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "no device is allocated"),
-        },
-        Case {
-            name: "unknown annotation",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memroy", "4Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/memroy", "unknown gpufence annotation"),
-        },
-        Case {
-            name: "unknown capability",
-            config: config,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/capabilities", "compute,warp"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("gpufence.dev/capabilities", "unknown capability"),
-        },
-        Case {
-            name: "dialect disabled",
-            config: || {
-                let mut c = config();
-                c.allocation.dialects = vec![Dialect::Cdi];
-                c
-            },
-            annotations: &[("gpufence.dev/devices", "0")],
-            env: &[],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "unknown index", config, annotations: &[("gpufence.dev/devices", "7")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "no GPU with index 7") },
+        Case { name: "unknown uuid", config, annotations: &[("gpufence.dev/devices", "GPU-nope")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "no GPU with UUID") },
+        Case { name: "unknown mig uuid", config, annotations: &[("gpufence.dev/devices", "MIG-nope")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "no MIG device") },
+        Case { name: "garbage", config, annotations: &[("gpufence.dev/devices", "zero")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "not a device") },
+        Case { name: "empty", config, annotations: &[("gpufence.dev/devices", "")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "empty device") },
+        Case { name: "trailing comma", config, annotations: &[("gpufence.dev/devices", "0,")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "empty device") },
+        Case { name: "duplicate", config, annotations: &[("gpufence.dev/devices", "0,GPU-00000000-aaaa-bbbb-cccc-000000000000")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "twice") },
+        Case { name: "mig with parent", config, annotations: &[("gpufence.dev/devices", "2,2:0")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "together with its parent GPU 2") },
+        Case { name: "all mixed", config, annotations: &[("gpufence.dev/devices", "all,0")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "\"all\" cannot be combined") },
+        Case { name: "mig disabled", config, annotations: &[("gpufence.dev/devices", "3:0")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "GPU 3 has MIG disabled") },
+        Case { name: "mig on non-mig gpu", config, annotations: &[("gpufence.dev/devices", "0:0")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "MIG disabled") },
+        Case { name: "unknown mig index", config, annotations: &[("gpufence.dev/devices", "2:5")], env: &[], mounts: &[], want: Err("gpufence.dev/devices", "no MIG device 5") },
+        Case { name: "memory 0", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "0")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "quota of 0") },
+        Case { name: "memory junk", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "4GB")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "unknown suffix") },
+        Case { name: "memory negative", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "-4Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "negative") },
+        Case { name: "memory larger than device", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "81Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "exceeds the memory of GPU 0") },
+        Case { name: "memory larger than mig", config, annotations: &[("gpufence.dev/devices", "2:0"), ("gpufence.dev/memory", "11Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "exceeds the memory of MIG 2:0") },
+        Case { name: "memory list length", config, annotations: &[("gpufence.dev/devices", "0,1"), ("gpufence.dev/memory", "1Gi,2Gi,3Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "3 values for 2 devices") },
+        Case { name: "cores list length", config, annotations: &[("gpufence.dev/devices", "0,1,3"), ("gpufence.dev/cores", "10,20")], env: &[], mounts: &[], want: Err("gpufence.dev/cores", "2 values for 3 devices") },
+        Case { name: "cores 0", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "0")], env: &[], mounts: &[], want: Err("gpufence.dev/cores", "1–100") },
+        Case { name: "cores 101", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "101")], env: &[], mounts: &[], want: Err("gpufence.dev/cores", "1–100") },
+        Case { name: "cores fraction", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "50.5")], env: &[], mounts: &[], want: Err("gpufence.dev/cores", "1–100") },
+        Case { name: "oversubscribe junk", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/oversubscribe", "yes")], env: &[], mounts: &[], want: Err("gpufence.dev/oversubscribe", "true or false") },
+        Case { name: "memory without devices", config, annotations: &[("gpufence.dev/memory", "4Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memory", "no device is allocated") },
+        Case { name: "unknown annotation", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memroy", "4Gi")], env: &[], mounts: &[], want: Err("gpufence.dev/memroy", "unknown gpufence annotation") },
+        Case { name: "unknown capability", config, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/capabilities", "compute,warp")], env: &[], mounts: &[], want: Err("gpufence.dev/capabilities", "unknown capability") },
+        Case { name: "dialect disabled", config: || { let mut c = config(); c.allocation.dialects = vec![Dialect::Cdi]; c }, annotations: &[("gpufence.dev/devices", "0")], env: &[], mounts: &[], want: Nothing },
     ];
     check(&cases);
 }
 
 #[test]
+#[rustfmt::skip]
 fn cdi_annotations_gpufence_kind() {
     use Want::*;
     let cases = [
-        Case {
-            name: "index",
-            config: config,
-            annotations: &[("cdi.k8s.io/gpufence_0", "gpufence.dev/gpu=0")],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", None, None)], false),
-        },
-        Case {
-            name: "several in one",
-            config: config,
-            annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=1,gpufence.dev/gpu=2:0")],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("1", None, None), ("2:0", None, None)], false),
-        },
-        Case {
-            name: "across annotations (key order)",
-            config: config,
-            annotations: &[
-                ("cdi.k8s.io/b", "gpufence.dev/gpu=1"),
-                ("cdi.k8s.io/a", "gpufence.dev/gpu=0"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", None, None), ("1", None, None)], false),
-        },
-        Case {
-            name: "with gpufence limits",
-            config: config,
-            annotations: &[
-                (
-                    "cdi.k8s.io/x",
-                    "gpufence.dev/gpu=GPU-00000001-aaaa-bbbb-cccc-000000000001",
-                ),
-                ("gpufence.dev/memory", "8Gi"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("1", Some(8 * G), None)], false),
-        },
-        Case {
-            name: "agrees with gpufence.dev/devices",
-            config: config,
-            annotations: &[
-                ("cdi.k8s.io/x", "gpufence.dev/gpu=0"),
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/cores", "30"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Devices(&[("0", None, Some(30))], false),
-        },
-        Case {
-            name: "disagrees with gpufence.dev/devices",
-            config: config,
-            annotations: &[
-                ("cdi.k8s.io/x", "gpufence.dev/gpu=1"),
-                ("gpufence.dev/devices", "0"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/x", "disagrees with the gpufence dialect"),
-        },
-        Case {
-            name: "bad key",
-            config: config,
-            annotations: &[("cdi.k8s.io/_bad", "gpufence.dev/gpu=0")],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/_bad", "start and end"),
-        },
-        Case {
-            name: "bad name",
-            config: config,
-            annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu")],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/x", "qualified name"),
-        },
-        Case {
-            name: "bad device chars",
-            config: config,
-            annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0;rm")],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/x", "invalid character"),
-        },
-        Case {
-            name: "unknown gpu",
-            config: config,
-            annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=9")],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/x", "no GPU with index 9"),
-        },
-        Case {
-            name: "duplicate across annotations",
-            config: config,
-            annotations: &[
-                ("cdi.k8s.io/a", "gpufence.dev/gpu=0"),
-                ("cdi.k8s.io/b", "gpufence.dev/gpu=0"),
-            ],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/a", "twice"),
-        },
-        Case {
-            name: "undefined foreign",
-            config: config,
-            annotations: &[("cdi.k8s.io/x", "vendor.com/dev=a")],
-            env: &[],
-            mounts: &[],
-            want: Err("cdi.k8s.io/x", "no CDI spec"),
-        },
-        Case {
-            name: "cdi disabled",
-            config: || {
-                let mut c = config();
-                c.allocation.dialects = vec![Dialect::Gpufence];
-                c
-            },
-            annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0")],
-            env: &[],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "index", config, annotations: &[("cdi.k8s.io/gpufence_0", "gpufence.dev/gpu=0")], env: &[], mounts: &[], want: Devices(&[("0", None, None)], false) },
+        Case { name: "several in one", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=1,gpufence.dev/gpu=2:0")], env: &[], mounts: &[], want: Devices(&[("1", None, None), ("2:0", None, None)], false) },
+        Case { name: "across annotations (key order)", config, annotations: &[("cdi.k8s.io/b", "gpufence.dev/gpu=1"), ("cdi.k8s.io/a", "gpufence.dev/gpu=0")], env: &[], mounts: &[], want: Devices(&[("0", None, None), ("1", None, None)], false) },
+        Case { name: "with gpufence limits", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=GPU-00000001-aaaa-bbbb-cccc-000000000001"), ("gpufence.dev/memory", "8Gi")], env: &[], mounts: &[], want: Devices(&[("1", Some(8 * G), None)], false) },
+        Case { name: "agrees with gpufence.dev/devices", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0"), ("gpufence.dev/devices", "0"), ("gpufence.dev/cores", "30")], env: &[], mounts: &[], want: Devices(&[("0", None, Some(30))], false) },
+        Case { name: "disagrees with gpufence.dev/devices", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=1"), ("gpufence.dev/devices", "0")], env: &[], mounts: &[], want: Err("cdi.k8s.io/x", "disagrees with the gpufence dialect") },
+        Case { name: "bad key", config, annotations: &[("cdi.k8s.io/_bad", "gpufence.dev/gpu=0")], env: &[], mounts: &[], want: Err("cdi.k8s.io/_bad", "start and end") },
+        Case { name: "bad name", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu")], env: &[], mounts: &[], want: Err("cdi.k8s.io/x", "qualified name") },
+        Case { name: "bad device chars", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0;rm")], env: &[], mounts: &[], want: Err("cdi.k8s.io/x", "invalid character") },
+        Case { name: "unknown gpu", config, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=9")], env: &[], mounts: &[], want: Err("cdi.k8s.io/x", "no GPU with index 9") },
+        Case { name: "duplicate across annotations", config, annotations: &[("cdi.k8s.io/a", "gpufence.dev/gpu=0"), ("cdi.k8s.io/b", "gpufence.dev/gpu=0")], env: &[], mounts: &[], want: Err("cdi.k8s.io/a", "twice") },
+        Case { name: "undefined foreign", config, annotations: &[("cdi.k8s.io/x", "vendor.com/dev=a")], env: &[], mounts: &[], want: Err("cdi.k8s.io/x", "no CDI spec") },
+        Case { name: "cdi disabled", config: || { let mut c = config(); c.allocation.dialects = vec![Dialect::Gpufence]; c }, annotations: &[("cdi.k8s.io/x", "gpufence.dev/gpu=0")], env: &[], mounts: &[], want: Nothing },
     ];
     check(&cases);
 }
 
 #[test]
+#[rustfmt::skip]
 fn hami_env() {
     use Want::*;
     const NVD01: &str = "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000,GPU-00000001-aaaa-bbbb-cccc-000000000001";
     let hami = || trusting(&[Dialect::Hami]);
     let cases = [
-        Case {
-            name: "limits per device",
-            config: hami,
-            annotations: &[],
-            env: &[
-                NVD01,
-                "CUDA_DEVICE_MEMORY_LIMIT_0=4096m",
-                "CUDA_DEVICE_MEMORY_LIMIT_1=2g",
-                "CUDA_DEVICE_SM_LIMIT=30",
-            ],
-            mounts: &[],
-            want: Devices(
-                &[("0", Some(4 * G), Some(30)), ("1", Some(2 * G), Some(30))],
-                false,
-            ),
-        },
-        Case {
-            name: "fallback limit, 0 means none",
-            config: hami,
-            annotations: &[],
-            env: &[
-                NVD01,
-                "CUDA_DEVICE_MEMORY_LIMIT=1024m",
-                "CUDA_DEVICE_MEMORY_LIMIT_1=0",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(G), None), ("1", None, None)], false),
-        },
-        Case {
-            name: "sm 0 and 100 are none",
-            config: hami,
-            annotations: &[],
-            env: &[
-                NVD01,
-                "CUDA_DEVICE_SM_LIMIT_0=0",
-                "CUDA_DEVICE_SM_LIMIT_1=100",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", None, None), ("1", None, None)], false),
-        },
-        Case {
-            name: "k suffix and bytes",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=1048576k",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(G), None)], false),
-        },
-        Case {
-            name: "oversubscribe beyond device",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=100g",
-                "CUDA_OVERSUBSCRIBE=true",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(100 * G), None)], true),
-        },
-        Case {
-            name: "mig uuid",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=MIG-21212121-aaaa-bbbb-cccc-dddddddddddd",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=2g",
-            ],
-            mounts: &[],
-            want: Devices(&[("2:1", Some(2 * G), None)], false),
-        },
-        Case {
-            name: "agrees with gpufence",
-            config: hami,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "4Gi"),
-            ],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=4096m",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(4 * G), None)], false),
-        },
-        Case {
-            name: "only NVD is not hami",
-            config: hami,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000"],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "limits per device", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_MEMORY_LIMIT_1=2g", "CUDA_DEVICE_SM_LIMIT=30"], mounts: &[], want: Devices(&[("0", Some(4 * G), Some(30)), ("1", Some(2 * G), Some(30))], false) },
+        Case { name: "fallback limit, 0 means none", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=1024m", "CUDA_DEVICE_MEMORY_LIMIT_1=0"], mounts: &[], want: Devices(&[("0", Some(G), None), ("1", None, None)], false) },
+        Case { name: "sm 0 and 100 are none", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_SM_LIMIT_0=0", "CUDA_DEVICE_SM_LIMIT_1=100"], mounts: &[], want: Devices(&[("0", None, None), ("1", None, None)], false) },
+        Case { name: "k suffix and bytes", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=1048576k"], mounts: &[], want: Devices(&[("0", Some(G), None)], false) },
+        Case { name: "oversubscribe beyond device", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=100g", "CUDA_OVERSUBSCRIBE=true"], mounts: &[], want: Devices(&[("0", Some(100 * G), None)], true) },
+        Case { name: "mig uuid", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=MIG-21212121-aaaa-bbbb-cccc-dddddddddddd", "CUDA_DEVICE_MEMORY_LIMIT_0=2g"], mounts: &[], want: Devices(&[("2:1", Some(2 * G), None)], false) },
+        Case { name: "agrees with gpufence", config: hami, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "4Gi")], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=4096m"], mounts: &[], want: Devices(&[("0", Some(4 * G), None)], false) },
+        Case { name: "only NVD is not hami", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000"], mounts: &[], want: Nothing },
         // errors
-        Case {
-            name: "disagrees with gpufence memory",
-            config: hami,
-            annotations: &[
-                ("gpufence.dev/devices", "0"),
-                ("gpufence.dev/memory", "4Gi"),
-            ],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=2048m",
-            ],
-            mounts: &[],
-            want: Err("gpufence.dev/memory", "disagrees with the hami dialect"),
-        },
-        Case {
-            name: "disagrees with gpufence devices",
-            config: hami,
-            annotations: &[("gpufence.dev/devices", "1")],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=2048m",
-            ],
-            mounts: &[],
-            want: Err(
-                "NVIDIA_VISIBLE_DEVICES",
-                "disagrees with the gpufence dialect",
-            ),
-        },
-        Case {
-            name: "index not uuid",
-            config: hami,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT_0=1g"],
-            mounts: &[],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "by UUID"),
-        },
-        Case {
-            name: "limits without devices",
-            config: hami,
-            annotations: &[],
-            env: &["CUDA_DEVICE_MEMORY_LIMIT_0=1g"],
-            mounts: &[],
-            want: Err(
-                "CUDA_DEVICE_MEMORY_LIMIT_0",
-                "without NVIDIA_VISIBLE_DEVICES",
-            ),
-        },
-        Case {
-            name: "ordinal beyond list",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_3=1g",
-            ],
-            mounts: &[],
-            want: Err("CUDA_DEVICE_MEMORY_LIMIT_3", "names 1 device"),
-        },
-        Case {
-            name: "bad limit",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=4Gi",
-            ],
-            mounts: &[],
-            want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "unknown suffix"),
-        },
-        Case {
-            name: "bigger than device",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=81g",
-            ],
-            mounts: &[],
-            want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "exceeds"),
-        },
-        Case {
-            name: "bad sm",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_SM_LIMIT=-5",
-            ],
-            mounts: &[],
-            want: Err("CUDA_DEVICE_SM_LIMIT", "percentage"),
-        },
-        Case {
-            name: "conflicting duplicate env",
-            config: hami,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=1g",
-                "CUDA_DEVICE_MEMORY_LIMIT_0=2g",
-            ],
-            mounts: &[],
-            want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "more than once"),
-        },
+        Case { name: "disagrees with gpufence memory", config: hami, annotations: &[("gpufence.dev/devices", "0"), ("gpufence.dev/memory", "4Gi")], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=2048m"], mounts: &[], want: Err("gpufence.dev/memory", "disagrees with the hami dialect") },
+        Case { name: "disagrees with gpufence devices", config: hami, annotations: &[("gpufence.dev/devices", "1")], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=2048m"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "disagrees with the gpufence dialect") },
+        Case { name: "index not uuid", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT_0=1g"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "by UUID") },
+        Case { name: "limits without devices", config: hami, annotations: &[], env: &["CUDA_DEVICE_MEMORY_LIMIT_0=1g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "without NVIDIA_VISIBLE_DEVICES") },
+        Case { name: "ordinal beyond list", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_3=1g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_3", "names 1 device") },
+        Case { name: "bad limit", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=4Gi"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "unknown suffix") },
+        Case { name: "bigger than device", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=81g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "exceeds") },
+        Case { name: "bad sm", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_SM_LIMIT=-5"], mounts: &[], want: Err("CUDA_DEVICE_SM_LIMIT", "percentage") },
+        Case { name: "conflicting duplicate env", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=1g", "CUDA_DEVICE_MEMORY_LIMIT_0=2g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "more than once") },
         // untrusted: never acted on
-        Case {
-            name: "untrusted hami",
-            config: config,
-            annotations: &[],
-            env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_0=4096m"],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "untrusted hami", config, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_0=4096m"], mounts: &[], want: Nothing },
     ];
     check(&cases);
 }
 
 #[test]
+#[rustfmt::skip]
 fn gpushare_env() {
     use Want::*;
     let gs = || trusting(&[Dialect::Gpushare]);
@@ -862,392 +192,60 @@ fn gpushare_env() {
         c
     };
     let cases = [
-        Case {
-            name: "one card",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=1",
-                "ALIYUN_COM_GPU_MEM_IDX=1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=3",
-                "ALIYUN_COM_GPU_MEM_DEV=80",
-                "ALIYUN_COM_GPU_MEM_POD=3",
-            ],
-            mounts: &[],
-            want: Devices(&[("1", Some(3 * G), None)], false),
-        },
-        Case {
-            name: "MiB unit",
-            config: gs_mib,
-            annotations: &[],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=1536",
-                "ALIYUN_COM_GPU_MEM_DEV=81920",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(1536 << 20), None)], false),
-        },
-        Case {
-            name: "8 GiB over 2 cards",
-            config: gs,
-            annotations: &[("aliyun.com/gpu-count", "2")],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0,1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=8",
-                "ALIYUN_COM_GPU_MEM_DEV=80",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(4 * G), None), ("1", Some(4 * G), None)], false),
-        },
-        Case {
-            name: "8 GiB over 2 cards without count",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=1,0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=8",
-            ],
-            mounts: &[],
-            want: Devices(&[("1", Some(4 * G), None), ("0", Some(4 * G), None)], false),
-        },
-        Case {
-            name: "7 GiB over 2 cards",
-            config: gs,
-            annotations: &[("aliyun.com/gpu-count", "2")],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0,1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=7",
-                "ALIYUN_COM_GPU_MEM_DEV=80",
-            ],
-            mounts: &[],
-            want: Err(
-                "ALIYUN_COM_GPU_MEM_CONTAINER",
-                "not a whole number of GiB per GPU",
-            ),
-        },
-        Case {
-            name: "count disagrees with indexes",
-            config: gs,
-            annotations: &[("aliyun.com/gpu-count", "3")],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0,1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=6",
-            ],
-            mounts: &[],
-            want: Err("aliyun.com/gpu-count", "names 2 GPU"),
-        },
-        Case {
-            name: "count junk",
-            config: gs,
-            annotations: &[("aliyun.com/gpu-count", "two")],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0,1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=6",
-            ],
-            mounts: &[],
-            want: Err("aliyun.com/gpu-count", "positive whole number"),
-        },
-        Case {
-            name: "failure marker",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=no-gpu-has-8GiB-to-run",
-                "ALIYUN_COM_GPU_MEM_IDX=-1",
-            ],
-            mounts: &[],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "found no GPU"),
-        },
-        Case {
-            name: "idx -1",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=-1",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=8",
-            ],
-            mounts: &[],
-            want: Err("ALIYUN_COM_GPU_MEM_IDX", "found no GPU"),
-        },
-        Case {
-            name: "unknown index",
-            config: gs,
-            annotations: &[],
-            env: &["ALIYUN_COM_GPU_MEM_IDX=8", "ALIYUN_COM_GPU_MEM_CONTAINER=8"],
-            mounts: &[],
-            want: Err("ALIYUN_COM_GPU_MEM_IDX", "no GPU with index 8"),
-        },
-        Case {
-            name: "zero memory",
-            config: gs,
-            annotations: &[],
-            env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=0"],
-            mounts: &[],
-            want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "quota of 0"),
-        },
-        Case {
-            name: "no container memory",
-            config: gs,
-            annotations: &[],
-            env: &["ALIYUN_COM_GPU_MEM_IDX=0"],
-            mounts: &[],
-            want: Err("ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_CONTAINER"),
-        },
-        Case {
-            name: "memory without index",
-            config: gs,
-            annotations: &[],
-            env: &["ALIYUN_COM_GPU_MEM_CONTAINER=4"],
-            mounts: &[],
-            want: Err(
-                "ALIYUN_COM_GPU_MEM_CONTAINER",
-                "without ALIYUN_COM_GPU_MEM_IDX",
-            ),
-        },
-        Case {
-            name: "more than the card",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=81",
-            ],
-            mounts: &[],
-            want: Err(
-                "ALIYUN_COM_GPU_MEM_CONTAINER",
-                "exceeds the memory of GPU 0",
-            ),
-        },
-        Case {
-            name: "more than DEV says",
-            config: gs,
-            annotations: &[],
-            env: &[
-                "ALIYUN_COM_GPU_MEM_IDX=0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=20",
-                "ALIYUN_COM_GPU_MEM_DEV=16",
-            ],
-            mounts: &[],
-            want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "exceeds the GPU size"),
-        },
-        Case {
-            name: "gpushare vs nvidia disagree",
-            config: trust_all,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=1",
-                "ALIYUN_COM_GPU_MEM_IDX=0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=4",
-            ],
-            mounts: &[],
-            want: Err(
-                "NVIDIA_VISIBLE_DEVICES",
-                "disagrees with the gpushare dialect",
-            ),
-        },
-        Case {
-            name: "gpushare + nvidia agree",
-            config: trust_all,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=0",
-                "ALIYUN_COM_GPU_MEM_IDX=0",
-                "ALIYUN_COM_GPU_MEM_CONTAINER=4",
-            ],
-            mounts: &[],
-            want: Devices(&[("0", Some(4 * G), None)], false),
-        },
-        Case {
-            name: "untrusted gpushare",
-            config: config,
-            annotations: &[],
-            env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=4"],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "one card", config: gs, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=1", "ALIYUN_COM_GPU_MEM_IDX=1", "ALIYUN_COM_GPU_MEM_CONTAINER=3", "ALIYUN_COM_GPU_MEM_DEV=80", "ALIYUN_COM_GPU_MEM_POD=3"], mounts: &[], want: Devices(&[("1", Some(3 * G), None)], false) },
+        Case { name: "MiB unit", config: gs_mib, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=1536", "ALIYUN_COM_GPU_MEM_DEV=81920"], mounts: &[], want: Devices(&[("0", Some(1536 << 20), None)], false) },
+        Case { name: "8 GiB over 2 cards", config: gs, annotations: &[("aliyun.com/gpu-count", "2")], env: &["ALIYUN_COM_GPU_MEM_IDX=0,1", "ALIYUN_COM_GPU_MEM_CONTAINER=8", "ALIYUN_COM_GPU_MEM_DEV=80"], mounts: &[], want: Devices(&[("0", Some(4 * G), None), ("1", Some(4 * G), None)], false) },
+        Case { name: "8 GiB over 2 cards without count", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=1,0", "ALIYUN_COM_GPU_MEM_CONTAINER=8"], mounts: &[], want: Devices(&[("1", Some(4 * G), None), ("0", Some(4 * G), None)], false) },
+        Case { name: "7 GiB over 2 cards", config: gs, annotations: &[("aliyun.com/gpu-count", "2")], env: &["ALIYUN_COM_GPU_MEM_IDX=0,1", "ALIYUN_COM_GPU_MEM_CONTAINER=7", "ALIYUN_COM_GPU_MEM_DEV=80"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "not a whole number of GiB per GPU") },
+        Case { name: "count disagrees with indexes", config: gs, annotations: &[("aliyun.com/gpu-count", "3")], env: &["ALIYUN_COM_GPU_MEM_IDX=0,1", "ALIYUN_COM_GPU_MEM_CONTAINER=6"], mounts: &[], want: Err("aliyun.com/gpu-count", "names 2 GPU") },
+        Case { name: "count junk", config: gs, annotations: &[("aliyun.com/gpu-count", "two")], env: &["ALIYUN_COM_GPU_MEM_IDX=0,1", "ALIYUN_COM_GPU_MEM_CONTAINER=6"], mounts: &[], want: Err("aliyun.com/gpu-count", "positive whole number") },
+        Case { name: "failure marker", config: gs, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=no-gpu-has-8GiB-to-run", "ALIYUN_COM_GPU_MEM_IDX=-1"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "found no GPU") },
+        Case { name: "idx -1", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=-1", "ALIYUN_COM_GPU_MEM_CONTAINER=8"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_IDX", "found no GPU") },
+        Case { name: "unknown index", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=8", "ALIYUN_COM_GPU_MEM_CONTAINER=8"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_IDX", "no GPU with index 8") },
+        Case { name: "zero memory", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=0"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "quota of 0") },
+        Case { name: "no container memory", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_CONTAINER") },
+        Case { name: "memory without index", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_CONTAINER=4"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "without ALIYUN_COM_GPU_MEM_IDX") },
+        Case { name: "more than the card", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=81"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "exceeds the memory of GPU 0") },
+        Case { name: "more than DEV says", config: gs, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=20", "ALIYUN_COM_GPU_MEM_DEV=16"], mounts: &[], want: Err("ALIYUN_COM_GPU_MEM_CONTAINER", "exceeds the GPU size") },
+        Case { name: "gpushare vs nvidia disagree", config: trust_all, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=1", "ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=4"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "disagrees with the gpushare dialect") },
+        Case { name: "gpushare + nvidia agree", config: trust_all, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0", "ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=4"], mounts: &[], want: Devices(&[("0", Some(4 * G), None)], false) },
+        Case { name: "untrusted gpushare", config, annotations: &[], env: &["ALIYUN_COM_GPU_MEM_IDX=0", "ALIYUN_COM_GPU_MEM_CONTAINER=4"], mounts: &[], want: Nothing },
     ];
     check(&cases);
 }
 
 #[test]
+#[rustfmt::skip]
 fn nvidia_env_and_mounts() {
     use Want::*;
     let nv = || trusting(&[Dialect::Nvidia]);
     let cases = [
-        Case {
-            name: "indexes",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=1,0"],
-            mounts: &[],
-            want: Devices(&[("1", None, None), ("0", None, None)], false),
-        },
-        Case {
-            name: "uuid",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000003-aaaa-bbbb-cccc-000000000003"],
-            mounts: &[],
-            want: Devices(&[("3", None, None)], false),
-        },
-        Case {
-            name: "all",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=all"],
-            mounts: &[],
-            want: Devices(
-                &[
-                    ("0", None, None),
-                    ("1", None, None),
-                    ("2:0", None, None),
-                    ("2:1", None, None),
-                    ("3", None, None),
-                ],
-                false,
-            ),
-        },
-        Case {
-            name: "none",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=none"],
-            mounts: &[],
-            want: Nothing,
-        },
-        Case {
-            name: "void",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=void"],
-            mounts: &[],
-            want: Nothing,
-        },
-        Case {
-            name: "empty",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES="],
-            mounts: &[],
-            want: Nothing,
-        },
-        Case {
-            name: "with limits from gpufence",
-            config: nv,
-            annotations: &[("gpufence.dev/memory", "2Gi")],
-            env: &["NVIDIA_VISIBLE_DEVICES=0"],
-            mounts: &[],
-            want: Devices(&[("0", Some(2 * G), None)], false),
-        },
-        Case {
-            name: "unknown",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=5"],
-            mounts: &[],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "no GPU with index 5"),
-        },
-        Case {
-            name: "all mixed",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=0,all"],
-            mounts: &[],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "\"all\" cannot be combined"),
-        },
-        Case {
-            name: "failure marker",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=no-gpu-has-4GiB-to-run"],
-            mounts: &[],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "found no GPU"),
-        },
-        Case {
-            name: "bad capability",
-            config: nv,
-            annotations: &[],
-            env: &[
-                "NVIDIA_VISIBLE_DEVICES=0",
-                "NVIDIA_DRIVER_CAPABILITIES=compute,teleport",
-            ],
-            mounts: &[],
-            want: Err("NVIDIA_DRIVER_CAPABILITIES", "unknown capability"),
-        },
+        Case { name: "indexes", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=1,0"], mounts: &[], want: Devices(&[("1", None, None), ("0", None, None)], false) },
+        Case { name: "uuid", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000003-aaaa-bbbb-cccc-000000000003"], mounts: &[], want: Devices(&[("3", None, None)], false) },
+        Case { name: "all", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=all"], mounts: &[], want: Devices(&[("0", None, None), ("1", None, None), ("2:0", None, None), ("2:1", None, None), ("3", None, None)], false) },
+        Case { name: "none", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=none"], mounts: &[], want: Nothing },
+        Case { name: "void", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=void"], mounts: &[], want: Nothing },
+        Case { name: "empty", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES="], mounts: &[], want: Nothing },
+        Case { name: "with limits from gpufence", config: nv, annotations: &[("gpufence.dev/memory", "2Gi")], env: &["NVIDIA_VISIBLE_DEVICES=0"], mounts: &[], want: Devices(&[("0", Some(2 * G), None)], false) },
+        Case { name: "unknown", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=5"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "no GPU with index 5") },
+        Case { name: "all mixed", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0,all"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "\"all\" cannot be combined") },
+        Case { name: "failure marker", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=no-gpu-has-4GiB-to-run"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "found no GPU") },
+        Case { name: "bad capability", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,teleport"], mounts: &[], want: Err("NVIDIA_DRIVER_CAPABILITIES", "unknown capability") },
         // volume-mount strategy: trusted without trust-env
-        Case {
-            name: "volume mounts, env untrusted",
-            config: config,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"],
-            mounts: &[
-                "/var/run/nvidia-container-devices/GPU-00000001-aaaa-bbbb-cccc-000000000001",
-                "/var/run/nvidia-container-devices/0",
-            ],
-            want: Devices(&[("1", None, None), ("0", None, None)], false),
-        },
-        Case {
-            name: "volume mount unknown",
-            config: config,
-            annotations: &[],
-            env: &[],
-            mounts: &["/var/run/nvidia-container-devices/9"],
-            want: Err(
-                "mounts[/var/run/nvidia-container-devices]",
-                "no GPU with index 9",
-            ),
-        },
-        Case {
-            name: "volume mounts vs env",
-            config: nv,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=1"],
-            mounts: &["/var/run/nvidia-container-devices/0"],
-            want: Err("NVIDIA_VISIBLE_DEVICES", "disagrees with the device mounts"),
-        },
-        Case {
-            name: "volume mounts, nvidia disabled",
-            config: || {
-                let mut c = config();
-                c.allocation.dialects = vec![Dialect::Gpufence];
-                c
-            },
-            annotations: &[],
-            env: &[],
-            mounts: &["/var/run/nvidia-container-devices/0"],
-            want: Nothing,
-        },
+        Case { name: "volume mounts, env untrusted", config, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"], mounts: &["/var/run/nvidia-container-devices/GPU-00000001-aaaa-bbbb-cccc-000000000001", "/var/run/nvidia-container-devices/0"], want: Devices(&[("1", None, None), ("0", None, None)], false) },
+        Case { name: "volume mount unknown", config, annotations: &[], env: &[], mounts: &["/var/run/nvidia-container-devices/9"], want: Err("mounts[/var/run/nvidia-container-devices]", "no GPU with index 9") },
+        Case { name: "volume mounts vs env", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=1"], mounts: &["/var/run/nvidia-container-devices/0"], want: Err("NVIDIA_VISIBLE_DEVICES", "disagrees with the device mounts") },
+        Case { name: "volume mounts, nvidia disabled", config: || { let mut c = config(); c.allocation.dialects = vec![Dialect::Gpufence]; c }, annotations: &[], env: &[], mounts: &["/var/run/nvidia-container-devices/0"], want: Nothing },
         // untrusted env: never acted on
-        Case {
-            name: "untrusted all",
-            config: config,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=all"],
-            mounts: &[],
-            want: Nothing,
-        },
-        Case {
-            name: "untrusted uuid",
-            config: || trusting(&[Dialect::Hami]),
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=0"],
-            mounts: &[],
-            want: Nothing,
-        },
-        Case {
-            name: "untrusted garbage is not an error",
-            config: config,
-            annotations: &[],
-            env: &["NVIDIA_VISIBLE_DEVICES=\u{0}\u{ffff}zz"],
-            mounts: &[],
-            want: Nothing,
-        },
+        Case { name: "untrusted all", config, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=all"], mounts: &[], want: Nothing },
+        Case { name: "untrusted uuid", config: || trusting(&[Dialect::Hami]), annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0"], mounts: &[], want: Nothing },
+        Case { name: "untrusted garbage is not an error", config, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=\u{0}\u{ffff}zz"], mounts: &[], want: Nothing },
     ];
     check(&cases);
 }
 
 #[test]
+#[rustfmt::skip]
 fn untrusted_env_is_neutralised() {
     // The CUDA base image's NVIDIA_VISIBLE_DEVICES=all on a node that trusts no env.
     let s = spec(
@@ -1374,6 +372,7 @@ fn untrusted_env_is_neutralised() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn errors_are_one_short_line() {
     let huge = "x".repeat(1 << 20);
     let start = std::time::Instant::now();
@@ -1408,6 +407,7 @@ fn errors_are_one_short_line() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn container_id_is_validated() {
     let s = spec(&[("gpufence.dev/devices", "0")], &[]);
     for bad in ["", ".", "..", "a/b", "../x", "a b", "x\n", &"a".repeat(300)] {
@@ -1423,6 +423,7 @@ fn container_id_is_validated() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn malformed_spec_fields() {
     let s = serde_json::json!({"annotations": {"gpufence.dev/devices": 0}});
     let e = plan(&s, "c", &inventory(), &config(), &[]).unwrap_err();

@@ -20,16 +20,39 @@ fn full_plan_for_two_gpus() {
         &["PATH=/bin"],
     );
     let p = plan(&s, "ctr-a", &inventory(), &config(), &[]).unwrap();
-    let paths: Vec<&str> = p.edits.device_nodes.iter().map(|d| d.path.as_str()).collect();
+    let paths: Vec<&str> = p
+        .edits
+        .device_nodes
+        .iter()
+        .map(|d| d.path.as_str())
+        .collect();
     assert_eq!(
         paths,
-        ["/dev/nvidia1", "/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+        [
+            "/dev/nvidia1",
+            "/dev/nvidia0",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidiactl"
+        ]
     );
     let n0 = &p.edits.device_nodes[0];
-    assert_eq!((n0.major, n0.minor, n0.kind.as_deref()), (Some(195), Some(1), Some("c")));
+    assert_eq!(
+        (n0.major, n0.minor, n0.kind.as_deref()),
+        (Some(195), Some(1), Some("c"))
+    );
     assert_eq!(n0.host_path.as_deref(), Some("/sim/dev/nvidia1"));
     let rules: Vec<String> = p.cgroup_rules.iter().map(|r| r.to_string()).collect();
-    assert_eq!(rules, ["c 195:1 rw", "c 195:0 rw", "c 510:0 rw", "c 510:1 rw", "c 195:255 rw"]);
+    assert_eq!(
+        rules,
+        [
+            "c 195:1 rw",
+            "c 195:0 rw",
+            "c 510:0 rw",
+            "c 510:1 rw",
+            "c 195:255 rw"
+        ]
+    );
 
     let mounts: Vec<(&str, &str)> = p
         .edits
@@ -40,10 +63,19 @@ fn full_plan_for_two_gpus() {
     assert_eq!(
         mounts,
         [
-            ("/sim/driver/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin", "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin"),
+            (
+                "/sim/driver/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin",
+                "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin"
+            ),
             ("/sim/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
-            ("/sim/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06", "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"),
-            ("/sim/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06"),
+            (
+                "/sim/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
+            ),
+            (
+                "/sim/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06"
+            ),
             ("/usr/lib/gpufence/libgpufence.so", CONTAINER_SHIM_PATH),
             ("/run/gpufence/ld.so.preload", "/etc/ld.so.preload"),
             ("/run/gpufence/ctr-a", "/run/gpufence"),
@@ -52,13 +84,26 @@ fn full_plan_for_two_gpus() {
     );
     assert_eq!(p.edits.mounts[0].options, ["ro", "nosuid", "nodev", "bind"]);
     assert_eq!(p.edits.mounts[5].options, ["ro", "nosuid", "nodev", "bind"]);
-    assert_eq!(p.edits.mounts[6].options, ["rw", "nosuid", "nodev", "noexec", "bind"]);
-    assert_eq!(p.edits.mounts[7].options, ["ro", "nosuid", "nodev", "noexec", "bind"]);
+    assert_eq!(
+        p.edits.mounts[6].options,
+        ["rw", "nosuid", "nodev", "noexec", "bind"]
+    );
+    assert_eq!(
+        p.edits.mounts[7].options,
+        ["ro", "nosuid", "nodev", "noexec", "bind"]
+    );
 
     assert_eq!(p.edits.hooks.len(), 1);
     let h = &p.edits.hooks[0];
     assert_eq!(h.hook_name, "createContainer");
-    assert!(h.args.ends_with(&["--folder".to_string(), "/usr/lib/x86_64-linux-gnu".to_string()]), "{:?}", h.args);
+    assert!(
+        h.args.ends_with(&[
+            "--folder".to_string(),
+            "/usr/lib/x86_64-linux-gnu".to_string()
+        ]),
+        "{:?}",
+        h.args
+    );
 
     assert_eq!(
         p.edits.env,
@@ -75,7 +120,14 @@ fn full_plan_for_two_gpus() {
     let q = p.quota.as_ref().unwrap();
     assert!(q.oversubscribe);
     assert_eq!(q.devices.len(), 2);
-    assert_eq!((q.devices[0].ordinal, q.devices[0].uuid.as_str(), q.devices[0].memory), (0, uuid(1).as_str(), Some(4 * GIB)));
+    assert_eq!(
+        (
+            q.devices[0].ordinal,
+            q.devices[0].uuid.as_str(),
+            q.devices[0].memory
+        ),
+        (0, uuid(1).as_str(), Some(4 * GIB))
+    );
     assert_eq!(p.state_dir.as_deref(), Some("/run/gpufence/ctr-a"));
     assert_eq!(p.host_files.len(), 2);
     assert_eq!(p.host_files[0].path, "/run/gpufence/ctr-a/quota");
@@ -88,9 +140,20 @@ fn full_plan_for_two_gpus() {
 
 #[test]
 fn mig_device_gets_parent_and_caps() {
-    let s = spec(&[("gpufence.dev/devices", "2:1,2:0"), ("gpufence.dev/memory", "5Gi")], &[]);
+    let s = spec(
+        &[
+            ("gpufence.dev/devices", "2:1,2:0"),
+            ("gpufence.dev/memory", "5Gi"),
+        ],
+        &[],
+    );
     let p = plan(&s, "m", &inventory(), &config(), &[]).unwrap();
-    let paths: Vec<&str> = p.edits.device_nodes.iter().map(|d| d.path.as_str()).collect();
+    let paths: Vec<&str> = p
+        .edits
+        .device_nodes
+        .iter()
+        .map(|d| d.path.as_str())
+        .collect();
     assert_eq!(
         paths,
         [
@@ -112,12 +175,28 @@ fn mig_device_gets_parent_and_caps() {
 
 #[test]
 fn graphics_brings_modeset() {
-    let s = spec(&[("gpufence.dev/devices", "0"), ("gpufence.dev/capabilities", "graphics,compute")], &[]);
+    let s = spec(
+        &[
+            ("gpufence.dev/devices", "0"),
+            ("gpufence.dev/capabilities", "graphics,compute"),
+        ],
+        &[],
+    );
     let p = plan(&s, "g", &inventory(), &config(), &[]).unwrap();
-    assert!(p.edits.device_nodes.iter().any(|d| d.path == "/dev/nvidia-modeset"));
+    assert!(
+        p.edits
+            .device_nodes
+            .iter()
+            .any(|d| d.path == "/dev/nvidia-modeset")
+    );
     let s = spec(&[("gpufence.dev/devices", "0")], &[]);
     let p = plan(&s, "g", &inventory(), &config(), &[]).unwrap();
-    assert!(!p.edits.device_nodes.iter().any(|d| d.path == "/dev/nvidia-modeset"));
+    assert!(
+        !p.edits
+            .device_nodes
+            .iter()
+            .any(|d| d.path == "/dev/nvidia-modeset")
+    );
     assert_eq!(
         p.allocation.unwrap().capabilities,
         gpufence::allocation::DEFAULT_CAPABILITIES.to_vec()
@@ -130,15 +209,37 @@ fn env_injection_and_hami_core_compat() {
     c.shim.inject = ShimInject::Env;
     c.shim.library = "/usr/local/vgpu/libvgpu.so".into();
     let s = spec(
-        &[("gpufence.dev/devices", "0,1"), ("gpufence.dev/memory", "4Gi,1000"), ("gpufence.dev/cores", "25")],
+        &[
+            ("gpufence.dev/devices", "0,1"),
+            ("gpufence.dev/memory", "4Gi,1000"),
+            ("gpufence.dev/cores", "25"),
+        ],
         &["LD_PRELOAD=/opt/libfoo.so"],
     );
     let p = plan(&s, "h", &inventory(), &c, &[]).unwrap();
-    assert!(!p.edits.mounts.iter().any(|m| m.container_path == "/etc/ld.so.preload"));
-    assert_eq!(p.host_files.len(), 1, "no ld.so.preload file with env injection");
-    assert!(p.edits.mounts.iter().any(|m| m.host_path == "/usr/local/vgpu/libvgpu.so" && m.container_path == CONTAINER_SHIM_PATH));
+    assert!(
+        !p.edits
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/etc/ld.so.preload")
+    );
+    assert_eq!(
+        p.host_files.len(),
+        1,
+        "no ld.so.preload file with env injection"
+    );
+    assert!(
+        p.edits
+            .mounts
+            .iter()
+            .any(|m| m.host_path == "/usr/local/vgpu/libvgpu.so"
+                && m.container_path == CONTAINER_SHIM_PATH)
+    );
     let env = &p.edits.env;
-    assert!(env.contains(&format!("LD_PRELOAD={CONTAINER_SHIM_PATH}:/opt/libfoo.so")), "{env:?}");
+    assert!(
+        env.contains(&format!("LD_PRELOAD={CONTAINER_SHIM_PATH}:/opt/libfoo.so")),
+        "{env:?}"
+    );
     assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=4096m".to_string()));
     assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_1=1000".to_string()));
     assert!(env.contains(&"CUDA_DEVICE_SM_LIMIT=25".to_string()));
@@ -173,7 +274,11 @@ containerEdits:
 #[test]
 fn foreign_cdi_devices_are_applied_faithfully() {
     let specs = vec![
-        foreign_spec("/etc/cdi/vnic.yaml", 0, &FOREIGN.replace("minor: 7", "minor: 1")),
+        foreign_spec(
+            "/etc/cdi/vnic.yaml",
+            0,
+            &FOREIGN.replace("minor: 7", "minor: 1"),
+        ),
         foreign_spec("/var/run/cdi/vnic.yaml", 1, FOREIGN),
     ];
     // Foreign only: its edits, no GPU, no shim, no quota.
@@ -181,7 +286,10 @@ fn foreign_cdi_devices_are_applied_faithfully() {
     let p = plan(&s, "f", &inventory(), &config(), &specs).unwrap();
     let a = p.allocation.as_ref().unwrap();
     assert!(a.devices.is_empty());
-    assert_eq!(a.foreign_cdi[0].spec_path, "/var/run/cdi/vnic.yaml", "the dynamic dir wins");
+    assert_eq!(
+        a.foreign_cdi[0].spec_path, "/var/run/cdi/vnic.yaml",
+        "the dynamic dir wins"
+    );
     assert_eq!(p.edits.device_nodes.len(), 1);
     assert_eq!(p.cgroup_rules[0].to_string(), "c 240:7 rw");
     assert_eq!(p.edits.env, ["VNIC=0"]);
@@ -190,25 +298,47 @@ fn foreign_cdi_devices_are_applied_faithfully() {
     assert!(p.quota.is_none() && p.host_files.is_empty() && p.state_dir.is_none());
 
     // Together with a GPU: ours first, then theirs.
-    let s = spec(&[("cdi.k8s.io/vnic", "vendor.com/nic=nic0,gpufence.dev/gpu=0")], &[]);
+    let s = spec(
+        &[("cdi.k8s.io/vnic", "vendor.com/nic=nic0,gpufence.dev/gpu=0")],
+        &[],
+    );
     let p = plan(&s, "f", &inventory(), &config(), &specs).unwrap();
     assert_eq!(p.edits.device_nodes[0].path, "/dev/nvidia0");
     assert_eq!(p.edits.device_nodes.last().unwrap().path, "/dev/vnic0");
     assert_eq!(p.cgroup_rules.last().unwrap().to_string(), "c 240:7 rw");
-    assert_eq!(p.edits.mounts.last().unwrap().container_path, "/opt/vnic/lib");
+    assert_eq!(
+        p.edits.mounts.last().unwrap().container_path,
+        "/opt/vnic/lib"
+    );
     assert!(p.quota.is_some());
 }
 
 #[test]
 fn foreign_cdi_cannot_touch_enforcement() {
     for (from, to) in [
-        ("containerPath: /opt/vnic/lib", "containerPath: /run/gpufence/quota"),
-        ("containerPath: /opt/vnic/lib", "containerPath: /etc/ld.so.preload"),
-        ("containerPath: /opt/vnic/lib", "containerPath: /usr/lib/gpufence/libgpufence.so"),
+        (
+            "containerPath: /opt/vnic/lib",
+            "containerPath: /run/gpufence/quota",
+        ),
+        (
+            "containerPath: /opt/vnic/lib",
+            "containerPath: /etc/ld.so.preload",
+        ),
+        (
+            "containerPath: /opt/vnic/lib",
+            "containerPath: /usr/lib/gpufence/libgpufence.so",
+        ),
         ("env: [VNIC=0]", "env: [LD_PRELOAD=/x.so]"),
-        ("env: [VNIC=0]", "env: [GPUFENCE_MEMORY_LIMIT_0=999999999999]"),
+        (
+            "env: [VNIC=0]",
+            "env: [GPUFENCE_MEMORY_LIMIT_0=999999999999]",
+        ),
     ] {
-        let specs = vec![foreign_spec("/etc/cdi/vnic.yaml", 0, &FOREIGN.replace(from, to))];
+        let specs = vec![foreign_spec(
+            "/etc/cdi/vnic.yaml",
+            0,
+            &FOREIGN.replace(from, to),
+        )];
         let s = spec(&[("cdi.k8s.io/vnic", "vendor.com/nic=nic0")], &[]);
         let e = plan(&s, "f", &inventory(), &config(), &specs).unwrap_err();
         assert!(e.to_string().contains("reserved for gpufence"), "{e}");
@@ -248,7 +378,11 @@ fn foreign_cdi_paths_are_validated() {
 #[test]
 fn deterministic_and_json_round_trip() {
     let s = spec(
-        &[("gpufence.dev/devices", "0,2:0"), ("gpufence.dev/memory", "1Gi"), ("cdi.k8s.io/vnic", "vendor.com/nic=nic0")],
+        &[
+            ("gpufence.dev/devices", "0,2:0"),
+            ("gpufence.dev/memory", "1Gi"),
+            ("cdi.k8s.io/vnic", "vendor.com/nic=nic0"),
+        ],
         &["NVIDIA_VISIBLE_DEVICES=all"],
     );
     let specs = vec![foreign_spec("/etc/cdi/vnic.yaml", 0, FOREIGN)];

@@ -1,18 +1,211 @@
-//! `gpufence plan --bundle DIR [--json]`.
+//! `gpufence plan --bundle DIR [--json]`: the dry run. Reads `DIR/config.json`, the inventory
+//! (cache, live device numbers) and the CDI specs, prints the normalised allocation and the edits
+//! the runtime would make. Changes nothing (beyond refreshing the inventory cache).
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::config::Config;
 use crate::exit::Exit;
+use crate::plan::Plan;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The OCI bundle (directory holding config.json).
     #[arg(long, short = 'b')]
     pub bundle: PathBuf,
-    /// Print JSON (stable interface) instead of text.
+    /// Print JSON (stable interface, docs/plan-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Container id used for the state directory (default: the bundle directory's name).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// CDI spec directory, lowest priority first (default: /etc/cdi then /var/run/cdi).
+    #[arg(long = "cdi-dir", value_name = "DIR")]
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
-pub fn run(_config: Option<&Path>, _args: Args) -> Result<(), Exit> {
-    Err(Exit::env("not implemented yet"))
+pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
+    let cfg = Config::load(config)?;
+    crate::logging::init(&cfg);
+    let config_json = args.bundle.join("config.json");
+    let text = std::fs::read_to_string(&config_json)
+        .map_err(|e| Exit::invalid(format!("{}: {e}", config_json.display())))?;
+    let spec: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Exit::invalid(format!("{}: {e}", config_json.display())))?;
+    let id = match args.id {
+        Some(id) => id,
+        None => std::fs::canonicalize(&args.bundle)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "plan".to_string()),
+    };
+    let mut inv = crate::inventory::load(&cfg)?;
+    crate::inventory::refresh_device_numbers(&mut inv, &cfg)?;
+    let dirs: Vec<(PathBuf, u8)> = if args.cdi_dirs.is_empty() {
+        crate::cdi::parse::default_spec_dirs()
+    } else {
+        args.cdi_dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.clone(), u8::try_from(i).unwrap_or(u8::MAX)))
+            .collect()
+    };
+    let (specs, cdi_errors) = crate::cdi::load_spec_dirs(&dirs);
+    for e in &cdi_errors {
+        tracing::warn!(container = %id, error = %e, "CDI spec ignored");
+    }
+    let plan = crate::plan::plan(&spec, &id, &inv, &cfg, &specs).map_err(|e| {
+        tracing::warn!(container = %id, error = %e, "allocation refused");
+        Exit::invalid(e)
+    })?;
+    tracing::info!(
+        container = %id,
+        devices = plan.allocation.as_ref().map_or(0, |a| a.devices.len()),
+        "plan (dry run)"
+    );
+    let mut out = if args.json {
+        serde_json::to_string_pretty(&plan).map_err(|e| Exit::env(format!("plan JSON: {e}")))?
+    } else {
+        let mut s = render(&plan);
+        for e in &cdi_errors {
+            let _ = writeln!(s, "warning: {e}");
+        }
+        s
+    };
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    use std::io::Write;
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .map_err(|e| Exit::env(format!("stdout: {e}")))
+}
+
+fn fmt_mem(m: Option<u64>) -> String {
+    m.map_or_else(
+        || "whole device".to_string(),
+        |b| format!("{} ({b} bytes)", crate::quantity::format_bytes(b)),
+    )
+}
+
+/// The human-readable form.
+pub fn render(p: &Plan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "container {}", p.container_id);
+    match &p.allocation {
+        None => {
+            let _ = writeln!(s, "allocation: none (the container gets no GPU)");
+        }
+        Some(a) => {
+            let dialects: Vec<&str> = a.dialects.iter().map(|d| d.name()).collect();
+            let caps: Vec<&str> = a.capabilities.iter().map(|c| c.name()).collect();
+            let _ = writeln!(
+                s,
+                "allocation (from {}): {} device(s), oversubscribe {}, capabilities {}",
+                dialects.join("+"),
+                a.devices.len(),
+                if a.oversubscribe { "yes" } else { "no" },
+                caps.join(",")
+            );
+            for (i, d) in a.devices.iter().enumerate() {
+                let _ = writeln!(
+                    s,
+                    "  [{i}] {}  memory {}  cores {}",
+                    super::devices::describe(&d.device, &d.uuid),
+                    fmt_mem(d.memory_limit),
+                    d.cores
+                        .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
+                );
+            }
+            for f in &a.foreign_cdi {
+                let _ = writeln!(s, "  CDI {} (from {})", f.name, f.spec_path);
+            }
+        }
+    }
+    let e = &p.edits;
+    if !e.device_nodes.is_empty() {
+        let _ = writeln!(s, "device nodes:");
+        for d in &e.device_nodes {
+            let _ = writeln!(
+                s,
+                "  {}  {} {}:{}  host {}",
+                d.path,
+                d.kind.as_deref().unwrap_or("?"),
+                d.major.map_or("?".to_string(), |v| v.to_string()),
+                d.minor.map_or("?".to_string(), |v| v.to_string()),
+                d.host_path.as_deref().unwrap_or(&d.path)
+            );
+        }
+    }
+    if !p.cgroup_rules.is_empty() {
+        let _ = writeln!(s, "cgroup device rules (allow):");
+        for r in &p.cgroup_rules {
+            let _ = writeln!(s, "  {r}");
+        }
+    }
+    if !e.mounts.is_empty() {
+        let _ = writeln!(s, "mounts:");
+        for m in &e.mounts {
+            let _ = writeln!(
+                s,
+                "  {} <- {}  ({})",
+                m.container_path,
+                m.host_path,
+                m.options.join(",")
+            );
+        }
+    }
+    if !e.env.is_empty() {
+        let _ = writeln!(s, "env:");
+        for v in &e.env {
+            let _ = writeln!(s, "  {v}");
+        }
+    }
+    if !e.hooks.is_empty() {
+        let _ = writeln!(s, "hooks:");
+        for h in &e.hooks {
+            let _ = writeln!(s, "  {}: {} {}", h.hook_name, h.path, h.args.join(" "));
+        }
+    }
+    if !e.additional_gids.is_empty() {
+        let gids: Vec<String> = e.additional_gids.iter().map(|g| g.to_string()).collect();
+        let _ = writeln!(s, "additional gids: {}", gids.join(","));
+    }
+    if let Some(q) = &p.quota {
+        let _ = writeln!(
+            s,
+            "quota (oversubscribe {}):",
+            if q.oversubscribe { "yes" } else { "no" }
+        );
+        for d in &q.devices {
+            let _ = writeln!(
+                s,
+                "  device {} {}  memory {}  cores {}",
+                d.ordinal,
+                d.uuid,
+                fmt_mem(d.memory),
+                d.cores
+                    .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
+            );
+        }
+    }
+    if let Some(d) = &p.state_dir {
+        let _ = writeln!(s, "state directory: {d}");
+    }
+    if !p.host_files.is_empty() {
+        let _ = writeln!(s, "host files:");
+        for f in &p.host_files {
+            let _ = writeln!(s, "  {} (mode {:o})", f.path, f.mode);
+        }
+    }
+    if !p.env_overrides.is_empty() {
+        let _ = writeln!(s, "env overrides:");
+        for o in &p.env_overrides {
+            let _ = writeln!(s, "  {o}");
+        }
+    }
+    for n in &p.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
 }

@@ -144,6 +144,9 @@ pub fn resolve_list(
     inv: &Inventory,
 ) -> Result<Vec<Resolved>, AllocationError> {
     let err = |why: String| AllocationError::new(key, value, why);
+    if tokens.len() > MAX_LIST_ITEMS {
+        return Err(err(format!("more than {MAX_LIST_ITEMS} devices")));
+    }
     if tokens.is_empty() || tokens.iter().any(|t| t.is_empty()) {
         return Err(err("empty device in the list".to_string()));
     }
@@ -193,7 +196,15 @@ pub fn describe(d: &DeviceRef, uuid: &str) -> String {
     }
 }
 
-/// Split a comma list, trimming blanks around items.
+/// Most items read from one comma list; a longer list is refused without reading the rest.
+pub const MAX_LIST_ITEMS: usize = 1024;
+
+/// Split a comma list, trimming blanks around items. At most [`MAX_LIST_ITEMS`] + 1 items are
+/// returned (callers refuse a list that long), so a huge value costs nothing.
 pub fn split_list(value: &str) -> Vec<&str> {
-    value.split(',').map(str::trim).collect()
+    value
+        .split(',')
+        .take(MAX_LIST_ITEMS + 1)
+        .map(str::trim)
+        .collect()
 }

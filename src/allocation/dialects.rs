@@ -121,6 +121,11 @@ pub fn gpufence_limits(inputs: &Inputs, devices: &[Resolved]) -> Result<Part, Al
         match items.len() {
             1 => Ok(vec![items[0].to_string(); n]),
             l if l == n => Ok(items.iter().map(|s| s.to_string()).collect()),
+            l if l > super::devices::MAX_LIST_ITEMS => Err(AllocationError::new(
+                key,
+                v,
+                format!("too many values for {n} devices"),
+            )),
             l => Err(AllocationError::new(
                 key,
                 v,
@@ -528,8 +533,11 @@ pub fn gpushare(
     config: &Config,
 ) -> Result<Part, AllocationError> {
     let mut part = Part::new(Dialect::Gpushare);
-    if let Some(v) = inputs.env_var(NVIDIA_VISIBLE_DEVICES)?
-        && let Some(e) = failure_marker(v)
+    if let Some(e) = inputs
+        .env
+        .iter()
+        .filter(|(k, _)| k == NVIDIA_VISIBLE_DEVICES)
+        .find_map(|(_, v)| failure_marker(v))
     {
         return Err(e);
     }

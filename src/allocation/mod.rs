@@ -264,7 +264,13 @@ pub fn read(
         .iter()
         .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
         || ac.honours(Dialect::Nvidia);
-    neutralise(&inputs, config, nvd_consumed, &mut intake);
+    neutralise(
+        &inputs,
+        config,
+        nvd_consumed,
+        !devices.is_empty(),
+        &mut intake,
+    );
 
     if devices.is_empty() && foreign.is_empty() {
         return Ok(intake);
@@ -425,12 +431,14 @@ pub fn parse_capabilities(value: &str) -> Result<Vec<Capability>, String> {
 }
 
 /// Untrusted GPU env: `NVIDIA_VISIBLE_DEVICES` that no trusted dialect consumed becomes `void`
-/// (so no other NVIDIA hook or runtime acts on it either); other dialects' variables are
-/// reported as ignored. Nothing here grants anything.
+/// (so no other NVIDIA hook or runtime acts on it either), or, when the container is allocated
+/// gpufence devices, is left to the plan, which sets it to their UUIDs; other dialects'
+/// variables are reported as ignored. Nothing here grants anything.
 fn neutralise(
     inputs: &Inputs,
     config: &crate::config::Config,
     nvd_consumed: bool,
+    replaced_by_plan: bool,
     intake: &mut Intake,
 ) {
     let ac = &config.allocation;
@@ -443,7 +451,15 @@ fn neutralise(
     };
     if !nvd_consumed && let Some(v) = inputs.env_first(dialects::NVIDIA_VISIBLE_DEVICES) {
         let t = v.trim();
-        if !(t.is_empty() || t == "void") {
+        if replaced_by_plan {
+            // The plan sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs anyway.
+            intake.notes.push(format!(
+                "ignored {}={:?} (replaced by the allocated devices): {}",
+                dialects::NVIDIA_VISIBLE_DEVICES,
+                short(v),
+                why(Dialect::Nvidia)
+            ));
+        } else if !(t.is_empty() || t == "void") {
             intake
                 .env_overrides
                 .push(format!("{}=void", dialects::NVIDIA_VISIBLE_DEVICES));

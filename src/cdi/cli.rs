@@ -44,6 +44,12 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
                 }));
             }
             let spec = node_spec(&cfg)?;
+            if !spec.container_edits.hooks.is_empty() && !cfg.gpufence_binary.is_file() {
+                eprintln!(
+                    "gpufence: warning: gpufence-binary {} does not exist: containers using this spec will fail at its ldcache hook",
+                    cfg.gpufence_binary.display()
+                );
+            }
             let format = format
                 .or_else(|| output.as_deref().map(Format::for_path))
                 .unwrap_or(Format::Json);

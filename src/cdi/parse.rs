@@ -216,6 +216,14 @@ pub fn validate_annotation_key(key: &str) -> Result<(), CdiError> {
 
 /// The devices of one `cdi.k8s.io/*` annotation value (a comma list of qualified names).
 pub fn parse_annotation_value(value: &str) -> Result<Vec<QualifiedName>, CdiError> {
+    const MAX_NAMES: usize = 1024;
+    if value.split(',').nth(MAX_NAMES).is_some() {
+        return Err(syntax(
+            "CDI annotation value",
+            value,
+            format!("more than {MAX_NAMES} devices"),
+        ));
+    }
     value
         .split(',')
         .map(|d| parse_qualified_name(d.trim()))
@@ -255,7 +263,8 @@ pub fn minimum_version(spec: &Spec) -> &'static str {
             need("0.4.0");
         }
     };
-    if spec.annotations.is_some() || spec.devices.iter().any(|d| d.annotations.is_some()) {
+    let has = |a: &Option<BTreeMap<String, String>>| a.as_ref().is_some_and(|m| !m.is_empty());
+    if has(&spec.annotations) || spec.devices.iter().any(|d| has(&d.annotations)) {
         need("0.6.0");
     }
     if spec
@@ -389,10 +398,10 @@ pub fn validate_edits(e: &ContainerEdits) -> Result<(), String> {
             return Err(format!("netDevices: unknown field {:?}", truncate(k)));
         }
         for f in ["hostInterfaceName", "name"] {
-            if !obj
+            if obj
                 .get(f)
                 .and_then(|v| v.as_str())
-                .is_some_and(|s| !s.is_empty())
+                .is_none_or(str::is_empty)
             {
                 return Err(format!("netDevices: {f} missing or empty"));
             }

@@ -196,9 +196,10 @@ mod tests {
         fn never_panics_on_garbage(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             let d = tempfile::tempdir().unwrap();
             let p = d.path().join("g");
+            // Keep the ELF identification so the parser goes past it, corrupt everything else.
             let mut b = minimal_shared_object("libg.so.1");
-            let n = bytes.len().min(b.len());
-            b[..n].copy_from_slice(&bytes[..n]);
+            let n = bytes.len().min(b.len() - 16);
+            b[16..16 + n].copy_from_slice(&bytes[..n]);
             std::fs::write(&p, &b).unwrap();
             let _ = soname(&p);
         }
