@@ -1,0 +1,296 @@
+//! runc's command line, read without judging it: gpufence-runtime must accept exactly what runc
+//! accepts (global flags before the subcommand, unknown flags, `--flag=value` and `-flag value`
+//! forms) and hand the argv on unchanged. Only three facts are extracted: the subcommand, the
+//! bundle directory and the container id, plus the `--log`/`--log-format` global flags so that
+//! gpufence can report its own errors where the caller looks for runc's.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+/// runc's subcommands (1.1): a positional that is not one of these is taken as the value of an
+/// unknown global flag, not as the subcommand.
+const SUBCOMMANDS: [&str; 19] = [
+    "checkpoint",
+    "create",
+    "delete",
+    "events",
+    "exec",
+    "features",
+    "help",
+    "init",
+    "kill",
+    "list",
+    "pause",
+    "ps",
+    "restore",
+    "resume",
+    "run",
+    "spec",
+    "start",
+    "state",
+    "update",
+];
+
+/// runc global flags that take a value (`--root X` as well as `--root=X`).
+const GLOBAL_VALUE_FLAGS: [&str; 5] = ["root", "log", "log-format", "criu", "rootless"];
+
+/// Flags of `create`/`run` that take a value.
+const CREATE_VALUE_FLAGS: [&str; 5] = ["bundle", "b", "console-socket", "pid-file", "preserve-fds"];
+
+/// Flags of `delete`/`kill`/`state`/… that take a value (none of `delete`'s do; `kill` has none
+/// either; `exec` has many, but only the subcommand matters there).
+const OTHER_VALUE_FLAGS: [&str; 0] = [];
+
+/// What gpufence needs from a runc command line.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuncArgs {
+    /// The subcommand (`create`, `run`, `delete`, …), if one was found.
+    pub subcommand: Option<String>,
+    /// `--bundle`/`-b` of `create`/`run` (`None`: the current directory).
+    pub bundle: Option<PathBuf>,
+    /// The last positional argument after the subcommand (the container id of
+    /// `create`/`run`/`delete`/`start`/…).
+    pub container_id: Option<String>,
+    /// Global `--log FILE`.
+    pub log: Option<PathBuf>,
+    /// Global `--log-format text|json`.
+    pub log_format: Option<String>,
+    /// Global `--root DIR`.
+    pub root: Option<PathBuf>,
+}
+
+impl RuncArgs {
+    /// True for the subcommands that create a container from a bundle.
+    pub fn is_create(&self) -> bool {
+        matches!(self.subcommand.as_deref(), Some("create" | "run"))
+    }
+    /// True for `delete`.
+    pub fn is_delete(&self) -> bool {
+        self.subcommand.as_deref() == Some("delete")
+    }
+    /// True when runc's log should be JSON (`--log-format json`).
+    pub fn log_is_json(&self) -> bool {
+        self.log_format.as_deref() == Some("json")
+    }
+}
+
+/// A flag split into name (without dashes) and inline value (`--x=y`).
+fn split_flag(a: &OsStr) -> Option<(String, Option<OsString>)> {
+    let b = a.as_bytes();
+    if b.len() < 2 || b[0] != b'-' {
+        return None;
+    }
+    let body = if b.starts_with(b"--") {
+        &b[2..]
+    } else {
+        &b[1..]
+    };
+    match body.iter().position(|&c| c == b'=') {
+        Some(i) => Some((
+            String::from_utf8_lossy(&body[..i]).into_owned(),
+            Some(OsStr::from_bytes(&body[i + 1..]).to_os_string()),
+        )),
+        None => Some((String::from_utf8_lossy(body).into_owned(), None)),
+    }
+}
+
+/// Parse a runc argv (without argv[0]). Never fails: anything it does not understand is left
+/// for the real runtime to judge.
+pub fn parse(args: &[OsString]) -> RuncArgs {
+    let mut out = RuncArgs::default();
+    let mut i = 0;
+    // Global flags, up to the subcommand.
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        match split_flag(a) {
+            Some((name, inline)) => {
+                let takes_value = GLOBAL_VALUE_FLAGS.contains(&name.as_str());
+                let value = if takes_value && inline.is_none() {
+                    i += 1;
+                    args.get(i).cloned()
+                } else {
+                    inline
+                };
+                match name.as_str() {
+                    "log" => out.log = value.map(PathBuf::from),
+                    "log-format" => {
+                        out.log_format = value.map(|v| v.to_string_lossy().into_owned())
+                    }
+                    "root" => out.root = value.map(PathBuf::from),
+                    _ => {}
+                }
+            }
+            None => {
+                let s = a.to_string_lossy();
+                if SUBCOMMANDS.contains(&s.as_ref()) {
+                    out.subcommand = Some(s.into_owned());
+                    i += 1;
+                    break;
+                }
+                // The value of an unknown global flag (`--unknown value`): skip it.
+            }
+        }
+        i += 1;
+    }
+    let Some(sub) = out.subcommand.clone() else {
+        return out;
+    };
+    let value_flags: &[&str] = if sub == "create" || sub == "run" {
+        &CREATE_VALUE_FLAGS
+    } else {
+        &OTHER_VALUE_FLAGS
+    };
+    let mut positional_only = false;
+    while i < args.len() {
+        let a = &args[i];
+        if !positional_only && a == "--" {
+            positional_only = true;
+            i += 1;
+            continue;
+        }
+        match (positional_only, split_flag(a)) {
+            (false, Some((name, inline))) => {
+                let takes_value = value_flags.contains(&name.as_str());
+                let value = if takes_value && inline.is_none() {
+                    i += 1;
+                    args.get(i).cloned()
+                } else {
+                    inline
+                };
+                if (name == "bundle" || name == "b") && takes_value {
+                    out.bundle = value.map(PathBuf::from);
+                }
+            }
+            _ => out.container_id = Some(a.to_string_lossy().into_owned()),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// runc's rule for container ids (`^[\w+-\.]+$`: letters, digits, `_ + , - .`; not `.` or
+/// `..`), at most 255 bytes: what makes an id safe as a path component under `state-dir`.
+pub fn valid_container_id(id: &str) -> bool {
+    !id.is_empty()
+        && id != "."
+        && id != ".."
+        && id.len() <= 255
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'+' | b',' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(v: &[&str]) -> RuncArgs {
+        parse(&v.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn containerd_create() {
+        let a = p(&[
+            "--root",
+            "/run/containerd/runc/k8s.io",
+            "--log",
+            "/s/log.json",
+            "--log-format",
+            "json",
+            "--systemd-cgroup",
+            "create",
+            "--bundle",
+            "/s/b",
+            "--pid-file",
+            "/s/b/init.pid",
+            "c1",
+        ]);
+        assert_eq!(a.subcommand.as_deref(), Some("create"));
+        assert_eq!(a.bundle, Some(PathBuf::from("/s/b")));
+        assert_eq!(a.container_id.as_deref(), Some("c1"));
+        assert_eq!(a.log, Some(PathBuf::from("/s/log.json")));
+        assert!(a.log_is_json());
+        assert_eq!(a.root, Some(PathBuf::from("/run/containerd/runc/k8s.io")));
+        assert!(a.is_create());
+    }
+
+    #[test]
+    fn equals_forms_and_short_bundle() {
+        let a = p(&[
+            "--log=/l",
+            "--log-format=text",
+            "--debug",
+            "run",
+            "-b",
+            "/b",
+            "-d",
+            "x",
+        ]);
+        assert_eq!(a.subcommand.as_deref(), Some("run"));
+        assert_eq!(a.bundle, Some(PathBuf::from("/b")));
+        assert_eq!(a.container_id.as_deref(), Some("x"));
+        assert_eq!(a.log, Some(PathBuf::from("/l")));
+        assert!(!a.log_is_json());
+        let a = p(&["create", "--bundle=/b2", "--console-socket", "/sock", "y"]);
+        assert_eq!(a.bundle, Some(PathBuf::from("/b2")));
+        assert_eq!(a.container_id.as_deref(), Some("y"));
+        let a = p(&["-root", "/r", "create", "-bundle", "/b3", "z"]);
+        assert_eq!(a.root, Some(PathBuf::from("/r")));
+        assert_eq!(a.bundle, Some(PathBuf::from("/b3")));
+    }
+
+    #[test]
+    fn bundle_defaults_to_cwd_and_id_is_last() {
+        let a = p(&["create", "--pid-file", "p", "--no-pivot", "id9"]);
+        assert_eq!(a.bundle, None);
+        assert_eq!(a.container_id.as_deref(), Some("id9"));
+    }
+
+    #[test]
+    fn value_named_create_is_not_the_subcommand() {
+        // `--root create` names a directory called "create"; the subcommand comes after.
+        let a = p(&["--root", "create", "delete", "--force", "c"]);
+        assert_eq!(a.subcommand.as_deref(), Some("delete"));
+        assert_eq!(a.container_id.as_deref(), Some("c"));
+        // `--bundle create` likewise.
+        let a = p(&["run", "--bundle", "create", "c"]);
+        assert_eq!(a.bundle, Some(PathBuf::from("create")));
+        assert_eq!(a.container_id.as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn unknown_flags_pass() {
+        let a = p(&["--future-flag", "--future=1", "state", "c"]);
+        assert_eq!(a.subcommand.as_deref(), Some("state"));
+        assert!(!a.is_create());
+        let a = p(&["--future-value", "v", "create", "c"]);
+        assert_eq!(a.subcommand.as_deref(), Some("create"));
+        let a = p(&["--version"]);
+        assert_eq!(a.subcommand, None);
+        let a = p(&[]);
+        assert_eq!(a, RuncArgs::default());
+    }
+
+    #[test]
+    fn ids() {
+        assert!(valid_container_id("abc-1.2_x+y,z"));
+        for bad in ["", ".", "..", "a/b", "../x", "a b", "a\0b"] {
+            assert!(!valid_container_id(bad), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics(v in proptest::collection::vec(".{0,12}", 0..10)) {
+            let a = p(&v.iter().map(String::as_str).collect::<Vec<_>>());
+            if let Some(id) = a.container_id {
+                proptest::prop_assert!(v.contains(&id));
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A minimal CRI client (what the kubelet does for one pod), for gpufence's containerd e2e test.
+
+Usage: cri_client.py REQUEST_JSON
+REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
+               "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
+               "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
+               "envs": {"K": "V"}, "timeout": 20}
+Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
+                         "log": "<container output>", "sandbox_id": ..., "container_id": ...}
+The pod is stopped and removed before exiting, whatever happened.
+Needs PyPI container-runtime-interface-api (cri_api) and grpcio.
+"""
+import json
+import os
+import sys
+import time
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pbg
+
+
+def main():
+    req = json.loads(sys.argv[1])
+    chan = grpc.insecure_channel("unix://" + req["socket"])
+    rt = pbg.RuntimeServiceStub(chan)
+    timeout = req.get("timeout", 20)
+    out = {"stage": "version", "error": "", "exit_code": None, "log": ""}
+    sandbox_id = None
+    try:
+        v = rt.Version(pb.VersionRequest(), timeout=timeout)
+        out["runtime"] = f"{v.runtime_name} {v.runtime_version}"
+        name = req.get("name", "pod")
+        log_dir = os.path.join(req["dir"], "pod-logs", name)
+        os.makedirs(log_dir, exist_ok=True)
+        pod_cfg = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
+            log_directory=log_dir,
+            annotations=req.get("pod_annotations", {}),
+            linux=pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption(network=pb.NODE)
+                )
+            ),
+        )
+        out["stage"] = "run_pod_sandbox"
+        sandbox_id = rt.RunPodSandbox(
+            pb.RunPodSandboxRequest(config=pod_cfg, runtime_handler=req["handler"]), timeout=timeout
+        ).pod_sandbox_id
+        out["sandbox_id"] = sandbox_id
+
+        ctr_cfg = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="app", attempt=0),
+            image=pb.ImageSpec(image=req["image"]),
+            command=req["command"],
+            envs=[pb.KeyValue(key=k, value=v) for k, v in req.get("envs", {}).items()],
+            annotations=req.get("container_annotations", {}),
+            log_path="app.log",
+        )
+        out["stage"] = "create_container"
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, config=ctr_cfg, sandbox_config=pod_cfg),
+            timeout=timeout,
+        ).container_id
+        out["container_id"] = cid
+        out["stage"] = "start_container"
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=timeout)
+        out["stage"] = "wait"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=timeout).status
+            if st.state == pb.CONTAINER_EXITED:
+                out["exit_code"] = st.exit_code
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("container did not exit in time")
+        with open(os.path.join(log_dir, "app.log")) as f:
+            # CRI log lines: "<time> <stream> <tag> <message>"
+            out["log"] = "".join(l.split(" ", 3)[3] if l.count(" ") >= 3 else l for l in f)
+        out["stage"] = "done"
+    except grpc.RpcError as e:
+        out["error"] = e.details() or str(e)
+    except Exception as e:  # noqa: BLE001 - reported to the Rust test as data
+        out["error"] = repr(e)
+    finally:
+        if sandbox_id:
+            try:
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
+                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
+            except grpc.RpcError as e:
+                out["cleanup_error"] = e.details()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+//! `gpufence runtime configure` against real files: what it writes, and that everything else is
+//! left as it was. (The containerd drop-in is also exercised by a real containerd in
+//! runtime_cri.rs.) No root needed.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn configure(args: &[&str]) -> (i32, String, String) {
+    common::run(
+        Command::new(common::bin("gpufence"))
+            .args(["runtime", "configure"])
+            .args(args),
+    )
+}
+
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = Vec::new();
+    fn walk(d: &Path, base: &Path, v: &mut Vec<(String, Vec<u8>)>) {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, base, v);
+            } else {
+                v.push((
+                    p.strip_prefix(base).unwrap().display().to_string(),
+                    std::fs::read(&p).unwrap(),
+                ));
+            }
+        }
+    }
+    walk(dir, dir, &mut v);
+    v.sort();
+    v
+}
+
+#[test]
+fn containerd_v2_and_v3_drop_ins() {
+    for (version, plugin) in [
+        (2, "io.containerd.grpc.v1.cri"),
+        (3, "io.containerd.cri.v1.runtime"),
+    ] {
+        let s = common::scratch(&format!("cfg-ctrd{version}"));
+        let main = s.join("config.toml");
+        let original = format!(
+            "# operator comment\nversion = {version}\n\n[plugins]\n  # keep me too\n  [plugins.\"{plugin}\".containerd]\n    default_runtime_name = \"runc\" # trailing\n    [plugins.\"{plugin}\".containerd.runtimes.runc.options]\n      SystemdCgroup = true\n"
+        );
+        std::fs::write(&main, &original).unwrap();
+        std::fs::create_dir_all(s.join("conf.d")).unwrap();
+        std::fs::write(
+            s.join("conf.d/other.toml"),
+            "version = 2\n# someone else's\n",
+        )
+        .unwrap();
+
+        // Dry run: prints both files, writes nothing.
+        let before = snapshot(&s);
+        let (code, out, err) = configure(&[
+            "--runtime",
+            "containerd",
+            "--config",
+            main.to_str().unwrap(),
+            "--dry-run",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("conf.d/gpufence.toml") && out.contains("BinaryName"),
+            "{out}"
+        );
+        assert_eq!(snapshot(&s), before, "dry run wrote nothing");
+
+        let (code, out, err) = configure(&[
+            "--runtime",
+            "containerd",
+            "--config",
+            main.to_str().unwrap(),
+            "--runtime-binary",
+            "/opt/gf/gpufence-runtime",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        let now = std::fs::read_to_string(&main).unwrap();
+        let expected_import = format!(
+            "imports = [\"{}\"]",
+            s.join("conf.d/gpufence.toml").display()
+        );
+        let added: Vec<&str> = now
+            .lines()
+            .filter(|l| !original.lines().any(|o| o == *l))
+            .collect();
+        assert_eq!(added, vec![expected_import.as_str()], "{now}");
+        assert_eq!(now.replace(&format!("{expected_import}\n"), ""), original);
+        assert_eq!(
+            std::fs::read_to_string(s.join("conf.d/other.toml")).unwrap(),
+            "version = 2\n# someone else's\n"
+        );
+
+        let d: toml::Table =
+            toml::from_str(&std::fs::read_to_string(s.join("conf.d/gpufence.toml")).unwrap())
+                .unwrap();
+        assert_eq!(d["version"].as_integer(), Some(version));
+        let rt = &d["plugins"][plugin]["containerd"]["runtimes"]["gpufence"];
+        assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(
+            rt["options"]["BinaryName"].as_str(),
+            Some("/opt/gf/gpufence-runtime")
+        );
+        assert_eq!(
+            rt["options"]["SystemdCgroup"].as_bool(),
+            Some(true),
+            "cgroup driver matches runc's"
+        );
+        let pods: Vec<&str> = rt["pod_annotations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(pods.contains(&"gpufence.dev/*") && pods.contains(&"cdi.k8s.io/*"));
+
+        // Second run: nothing changes.
+        let after = snapshot(&s);
+        let (code, out, _) = configure(&[
+            "--runtime",
+            "containerd",
+            "--config",
+            main.to_str().unwrap(),
+            "--runtime-binary",
+            "/opt/gf/gpufence-runtime",
+        ]);
+        assert_eq!(code, 0);
+        assert!(out.contains("already up to date"), "{out}");
+        assert_eq!(snapshot(&s), after);
+    }
+}
+
+#[test]
+fn containerd_refuses_v1() {
+    let s = common::scratch("cfg-ctrd1");
+    let main = s.join("config.toml");
+    std::fs::write(&main, "[plugins.cri]\n").unwrap();
+    let (code, _, err) = configure(&[
+        "--runtime",
+        "containerd",
+        "--config",
+        main.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("version 1") && err.contains("config.toml"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), "[plugins.cri]\n");
+    assert!(!s.join("conf.d").exists());
+}
+
+#[test]
+fn crio_drop_in_leaves_the_rest() {
+    let s = common::scratch("cfg-crio");
+    let main = s.join("crio.conf");
+    std::fs::write(
+        &main,
+        "# operator\n[crio.runtime]\ndefault_runtime = \"runc\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(s.join("crio.conf.d")).unwrap();
+    std::fs::write(
+        s.join("crio.conf.d/01-operator.conf"),
+        "[crio.runtime]\nlog_level = \"info\"\n",
+    )
+    .unwrap();
+    let before = snapshot(&s);
+    let (code, out, err) = configure(&[
+        "--runtime",
+        "crio",
+        "--config",
+        main.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("[crio.runtime.runtimes.gpufence]"), "{out}");
+    assert_eq!(snapshot(&s), before);
+    let (code, _, err) = configure(&[
+        "--runtime",
+        "crio",
+        "--config",
+        main.to_str().unwrap(),
+        "--runtime-binary",
+        "/opt/gf/gpufence-runtime",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let after = snapshot(&s);
+    let new: Vec<_> = after.iter().filter(|f| !before.contains(f)).collect();
+    assert_eq!(new.len(), 1, "only the drop-in is new: {new:?}");
+    assert_eq!(new[0].0, "crio.conf.d/99-gpufence.conf");
+    let t: toml::Table = toml::from_str(std::str::from_utf8(&new[0].1).unwrap()).unwrap();
+    let rt = &t["crio"]["runtime"]["runtimes"]["gpufence"];
+    assert_eq!(
+        rt["runtime_path"].as_str(),
+        Some("/opt/gf/gpufence-runtime")
+    );
+    assert_ne!(
+        rt["runtime_root"].as_str(),
+        Some("/run/gpufence"),
+        "never gpufence's state-dir"
+    );
+}
+
+#[test]
+fn docker_daemon_json_keeps_other_keys() {
+    let s = common::scratch("cfg-docker");
+    let p = s.join("daemon.json");
+    let original = r#"{
+  "log-driver": "json-file",
+  "log-opts": {"max-size": "10m"},
+  "runtimes": {
+    "nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}
+  },
+  "default-runtime": "runc"
+}
+"#;
+    std::fs::write(&p, original).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out, _) = configure(&[
+        "--runtime",
+        "docker",
+        "--config",
+        p.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"gpufence\""));
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), original);
+    let (code, _, err) = configure(&[
+        "--runtime",
+        "docker",
+        "--config",
+        p.to_str().unwrap(),
+        "--runtime-binary",
+        "/opt/gf/gpufence-runtime",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut before: serde_json::Value = serde_json::from_str(original).unwrap();
+    let after: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    before["runtimes"]["gpufence"] = serde_json::json!({"path": "/opt/gf/gpufence-runtime"});
+    assert_eq!(after, before, "only runtimes.gpufence added");
+    let keys: Vec<&String> = after.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["log-driver", "log-opts", "runtimes", "default-runtime"],
+        "order kept"
+    );
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "mode kept"
+    );
+
+    // Broken daemon.json: refused, untouched.
+    std::fs::write(&p, "{ not json").unwrap();
+    let (code, _, err) = configure(&["--runtime", "docker", "--config", p.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("daemon.json"), "{err}");
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), "{ not json");
+}
