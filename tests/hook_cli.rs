@@ -220,3 +220,20 @@ fn install_names_the_binary_and_config() {
     assert_eq!(v["hook"]["args"][2], config.display().to_string());
     assert_eq!(v["stages"], serde_json::json!(["prestart"]));
 }
+
+#[test]
+fn cri_o_pod_sandbox_never_gets_a_gpu() {
+    let Some((dir, config)) = setup("hook-cli-sandbox") else {
+        return;
+    };
+    // Pod annotations reach the pause container too (CRI-O matches hooks on them).
+    let b = bundle(
+        &dir,
+        serde_json::json!({"gpufence.dev/devices": "0", "io.kubernetes.cri-o.ContainerType": "sandbox"}),
+    );
+    let (code, out, err) = hook(&config, &["prestart"], &state("ctr-pause", 42, &b));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(state_dir_entries(&dir).is_empty());
+    let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap();
+    assert!(log.contains("pod sandbox"), "{log}");
+}

@@ -296,57 +296,6 @@ fn child_body(ns: OwnedFd, rootfs: &Path, p: Prepared, id: &str) -> Result<(), H
     Ok(())
 }
 
-/// Host files of the plan: written atomically, only under `state-dir`.
-pub fn write_host_files(plan: &Plan, state_dir: &Path) -> Result<(), HookError> {
-    for f in &plan.host_files {
-        let path = PathBuf::from(&f.path);
-        super::safepath::components(&f.path)?;
-        if !path.starts_with(state_dir) {
-            return Err(HookError::Plan(format!(
-                "host file {} is outside state-dir {}",
-                f.path,
-                state_dir.display()
-            )));
-        }
-        let dir = path.parent().unwrap_or(state_dir);
-        std::fs::create_dir_all(dir).map_err(|e| io_host(dir, "mkdir", &e))?;
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&tmp);
-        {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut o = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(f.mode & 0o777)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-                .map_err(|e| io_host(&tmp, "create", &e))?;
-            o.write_all(f.contents.as_bytes())
-                .map_err(|e| io_host(&tmp, "write", &e))?;
-            std::fs::set_permissions(
-                &tmp,
-                std::os::unix::fs::PermissionsExt::from_mode(f.mode & 0o777),
-            )
-            .map_err(|e| io_host(&tmp, "chmod", &e))?;
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| io_host(&path, "rename", &e))?;
-    }
-    Ok(())
-}
-
-fn io_host(p: &Path, op: &'static str, e: &std::io::Error) -> HookError {
-    HookError::Host {
-        path: p.display().to_string(),
-        op,
-        errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-    }
-}
-
 /// Log what cannot be applied at this stage.
 pub fn log_unapplied(plan: &Plan, id: &str) {
     for e in &plan.edits.env {

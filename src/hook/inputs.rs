@@ -19,18 +19,57 @@ use crate::plan::Plan;
 const MAX_INVENTORY_BYTES: usize = 16 << 20;
 
 /// The plan for this container and the majors of every device node of the node (GPU, control,
-/// MIG capability), which the v2 gate keeps to the granted ones.
+/// MIG capability), which the v2 gate keeps to the granted ones. Same decisions as
+/// gpufence-runtime: a pod sandbox (pause) container never gets a GPU; an unavailable inventory
+/// only matters when the container has an allocation.
 pub fn plan(
     cfg: &Config,
     spec: &serde_json::Value,
     id: &str,
 ) -> Result<(Plan, Vec<u32>), HookError> {
-    let mut inv = inventory(cfg, id)?;
-    crate::inventory::refresh_device_numbers(&mut inv, cfg)
-        .map_err(|e| HookError::Inventory(e.to_string()))?;
-    let specs = cdi_specs(id);
-    let plan = crate::plan::plan(spec, id, &inv, cfg, &specs)?;
+    let nothing = || Plan {
+        container_id: id.to_string(),
+        ..Plan::default()
+    };
+    if let Some(kind) = crate::runtime::sandbox_kind(spec) {
+        info!(container = id, kind, "pod sandbox: no GPU");
+        return Ok((nothing(), Vec::new()));
+    }
+    let (inv, inventory_error) = match inventory(cfg, id).and_then(|mut inv| {
+        crate::inventory::refresh_device_numbers(&mut inv, cfg)
+            .map_err(|e| HookError::Inventory(e.to_string()))?;
+        Ok(inv)
+    }) {
+        Ok(inv) => (inv, None),
+        Err(e) => (empty_inventory(), Some(e)),
+    };
+    let specs = crate::runtime::load_cdi_specs(spec);
+    let plan = match crate::plan::plan(spec, id, &inv, cfg, &specs) {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(match inventory_error {
+                Some(inv) => HookError::Plan(format!("{e} ({inv})")),
+                None => HookError::Allocation(e),
+            });
+        }
+    };
+    if let Some(e) = inventory_error {
+        if !plan.grants_nothing() {
+            return Err(e);
+        }
+        warn!(container = id, error = %e, "inventory unavailable; container has no allocation");
+    }
     Ok((plan, inventory_majors(&inv)))
+}
+
+fn empty_inventory() -> Inventory {
+    Inventory {
+        driver_version: String::new(),
+        cuda_driver_version: 0,
+        gpus: Vec::new(),
+        control_nodes: Vec::new(),
+        driver_files: Vec::new(),
+    }
 }
 
 fn inventory(cfg: &Config, id: &str) -> Result<Inventory, HookError> {
@@ -76,16 +115,6 @@ fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookErr
     }
     serde_json::from_slice(&out.stdout)
         .map_err(|e| HookError::Inventory(format!("inventory output: {e}")))
-}
-
-/// CDI specs of the host (a broken file only costs the devices it defines).
-fn cdi_specs(id: &str) -> Vec<crate::cdi::LoadedSpec> {
-    let (specs, errors) =
-        crate::cdi::parse::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
-    for e in errors {
-        warn!(container = id, error = %e, "CDI spec skipped");
-    }
-    specs
 }
 
 /// Majors of all device nodes the inventory knows.

@@ -54,6 +54,8 @@ pub enum HookError {
     },
     #[error("in the container's mount namespace: {message}")]
     Namespace { code: i32, message: String },
+    #[error("{message}")]
+    HostFiles { code: i32, message: String },
     #[error("ld cache refresh: {0}")]
     Ldcache(String),
     #[error("capabilities: {0}")]
@@ -69,7 +71,7 @@ impl HookError {
             | HookError::Allocation(_)
             | HookError::Plan(_)
             | HookError::Path(_) => 1,
-            HookError::Namespace { code, .. } => *code,
+            HookError::Namespace { code, .. } | HookError::HostFiles { code, .. } => *code,
             _ => 2,
         }
     }
@@ -164,21 +166,12 @@ fn enforce_plan(
     let id = st.id.as_str();
     let pid = st.pid.unwrap_or_default();
     let nodes = apply::node_specs(plan)?;
-    if let Some(d) = &plan.state_dir {
-        let d = Path::new(d);
-        if !d.starts_with(&cfg.state_dir) {
-            return Err(HookError::Plan(format!(
-                "state directory {} outside state-dir",
-                d.display()
-            )));
-        }
-        std::fs::create_dir_all(d).map_err(|e| HookError::Host {
-            path: d.display().to_string(),
-            op: "mkdir",
-            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-        })?;
-    }
-    apply::write_host_files(plan, &cfg.state_dir)?;
+    // The same state directory and host files as gpufence-runtime writes (same code): only
+    // under state-dir, no symlink followed below it, atomic writes.
+    crate::runtime::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
+        code: e.code,
+        message: e.message,
+    })?;
     let mounts = apply::detach_mounts(plan)?;
     let ldcache = ldcache_run(plan)?;
 

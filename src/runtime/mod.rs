@@ -141,7 +141,7 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
 }
 
 /// The CRI annotation marking a pod sandbox (pause) container, if this is one.
-fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
+pub(crate) fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
     let ann = spec.get("annotations")?;
     let is = |k: &str, v: &str| ann.get(k).and_then(|x| x.as_str()) == Some(v);
     if is("io.kubernetes.cri.container-type", "sandbox") {
@@ -223,7 +223,7 @@ fn empty_inventory() -> crate::inventory::Inventory {
 
 /// CDI specs from /etc/cdi and /var/run/cdi, read only when the spec names CDI devices (the
 /// only dialect that needs them), so the common create path reads no directories.
-fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
+pub(crate) fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
     let wants_cdi = spec
         .get("annotations")
         .and_then(|a| a.as_object())
@@ -269,7 +269,7 @@ fn is_under(p: &Path, base: &Path) -> bool {
 
 /// The container's state directory and the files the plan asks for (quota 0444, generated
 /// ld.so.preload), each written atomically. Only paths inside `state-dir` are accepted.
-fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
+pub(crate) fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
     let base = &cfg.state_dir;
     let outside = |what: &str, p: &Path| {
         Exit::invalid(format!(
