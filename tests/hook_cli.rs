@@ -237,3 +237,21 @@ fn cri_o_pod_sandbox_never_gets_a_gpu() {
     let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap();
     assert!(log.contains("pod sandbox"), "{log}");
 }
+
+#[test]
+fn plan_already_applied_by_the_runtime_is_not_applied_twice() {
+    let Some((dir, config)) = setup("hook-cli-twice") else {
+        return;
+    };
+    let b = bundle(&dir, serde_json::json!({"gpufence.dev/devices": "0"}));
+    let p = b.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["mounts"] = serde_json::json!([{"destination": "/run/gpufence", "type": "bind",
+        "source": dir.join("node/state/ctr-twice"), "options": ["rbind", "rw"]}]);
+    std::fs::write(&p, v.to_string()).unwrap();
+    let (code, out, err) = hook(&config, &["prestart"], &state("ctr-twice", 42, &b));
+    assert_eq!(code, 0, "{out}{err}");
+    let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap();
+    assert!(log.contains("already carries gpufence's edits"), "{log}");
+}

@@ -138,6 +138,15 @@ fn enforce_state(
         mounts = plan.edits.mounts.len(),
         "enforcing plan"
     );
+    if applied_by_runtime(&spec) {
+        // gpufence-runtime already put the plan into config.json (both installed): applying it
+        // twice would stack mounts. Skipping grants nothing the spec does not already hold.
+        info!(
+            container = id,
+            "config.json already carries gpufence's edits (gpufence-runtime): nothing to do"
+        );
+        return Ok(());
+    }
     apply::log_unapplied(&plan, id);
     let state_dir = plan.state_dir.as_ref().map(std::path::PathBuf::from);
     let created_state_dir = state_dir.as_ref().is_some_and(|d| !d.exists());
@@ -154,6 +163,19 @@ fn enforce_state(
         warn!(container = id, path = %d.display(), error = %e, "cleanup failed");
     }
     r
+}
+
+/// Whether `config.json` already mounts the container state directory (the runtime applied the
+/// plan).
+fn applied_by_runtime(spec: &serde_json::Value) -> bool {
+    spec.get("mounts")
+        .and_then(|m| m.as_array())
+        .is_some_and(|m| {
+            m.iter().any(|m| {
+                m.get("destination").and_then(|d| d.as_str())
+                    == Some(crate::plan::CONTAINER_STATE_DIR)
+            })
+        })
 }
 
 fn enforce_plan(
