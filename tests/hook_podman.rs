@@ -604,3 +604,22 @@ fn trusted_env_dialect_matches_every_container() {
     assert_eq!(out.trim(), "0", "{out}");
     assert!(e.log().contains("no allocation"), "{}", e.log());
 }
+
+#[test]
+fn read_only_rootfs_container_works() {
+    let Some(e) = setup("hook-podman-ro") else {
+        return;
+    };
+    // (no hand-made node in /tmp: podman's --read-only tmpfs copy-up cannot copy device nodes)
+    let (code, out, err) = e.podman(
+        &["--read-only", "--annotation", "gpufence.dev/devices=0"],
+        PROBE,
+    );
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.lines().next().unwrap_or("").contains(ENXIO), "{out}");
+    assert!(
+        out.contains("PRELOAD=/usr/lib/gpufence/libgpufence.so"),
+        "{out}"
+    );
+    assert!(out.contains("LDCACHE-PRESENT"), "{out}");
+}
