@@ -179,6 +179,7 @@ fn apply_plan(ns: &Ns, n: &Node, plan: &Plan) -> Result<(), String> {
         nodes,
         mounts,
         ldcache: None,
+        userns_root: None,
     };
     apply::apply_in_namespace(ns.fd(), &n.rootfs, prepared, "t").map_err(|e| e.to_string())
 }

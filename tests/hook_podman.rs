@@ -623,3 +623,35 @@ fn read_only_rootfs_container_works() {
     );
     assert!(out.contains("LDCACHE-PRESENT"), "{out}");
 }
+
+#[test]
+fn user_namespace_container_works() {
+    let Some(e) = setup("hook-podman-userns") else {
+        return;
+    };
+    // The rootfs must belong to the container's root (uid 200000 on the host).
+    let (c, _, err) = common::run(
+        Command::new("chown")
+            .args(["-R", "-h", "200000:200000"])
+            .arg(&e.rootfs),
+    );
+    assert_eq!(c, 0, "{err}");
+    let (code, out, err) = e.podman(
+        &[
+            "--uidmap",
+            "0:200000:65536",
+            "--gidmap",
+            "0:200000:65536",
+            "--annotation",
+            "gpufence.dev/devices=0",
+        ],
+        "cat /dev/nvidia0 2>&1; cat /etc/ld.so.preload; cat /run/gpufence/quota | grep -c uuid",
+    );
+    if code != 0 && err.contains("uid") && !err.contains("gpufence") {
+        eprintln!("SKIP: podman cannot map uids here: {err}");
+        return;
+    }
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert!(out.contains(ENXIO), "{out}");
+    assert!(out.contains("libgpufence.so"), "{out}");
+}

@@ -38,11 +38,51 @@ pub struct NodeSpec {
 /// Everything prepared on the host side for the in-namespace step.
 #[derive(Debug)]
 pub struct Prepared {
+    /// Device nodes to `mknod` (empty for a user-namespaced container: its nodes are bind
+    /// mounts of the host nodes, in `mounts`, as runc does).
     pub nodes: Vec<NodeSpec>,
     /// (container path, detached host source), parents before children.
     pub mounts: Vec<(String, Detached)>,
     /// The ld cache refresh to run after mounting (createContainer hook of the plan).
     pub ldcache: Option<LdcacheRun>,
+    /// Host uid/gid of the container's root when it runs in its own user namespace: mount
+    /// targets are created with that owner (files owned by an unmapped id cannot be created
+    /// on the container's own tmpfs).
+    pub userns_root: Option<(u32, u32)>,
+}
+
+/// Host id that a user namespace maps its id 0 to, from `/proc/<pid>/uid_map` text.
+pub fn root_mapping(map: &str) -> Option<u32> {
+    map.lines().find_map(|l| {
+        let f: Vec<u32> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (f.len() == 3 && f[0] == 0 && f[2] > 0).then_some(f[1])
+    })
+}
+
+/// For a user-namespaced container: the device nodes as read-write bind mounts of the host
+/// nodes (a node created inside the container's user namespace would not open).
+pub fn nodes_as_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
+    let mut out = Vec::new();
+    for e in &plan.edits.device_nodes {
+        super::safepath::components(&e.path)?;
+        let Some(h) = &e.host_path else {
+            return Err(HookError::Plan(format!(
+                "device node {}: no host path to bind-mount into a user-namespaced container",
+                e.path
+            )));
+        };
+        super::safepath::components(h)?;
+        let attrs = Attrs {
+            nosuid: true,
+            noexec: true,
+            ..Attrs::default()
+        };
+        out.push((e.path.clone(), super::mounts::detach(Path::new(h), attrs)?));
+    }
+    Ok(out)
 }
 
 /// The plan's ld cache refresh (its createContainer `update-ldcache` hook), done by the hook
@@ -278,6 +318,23 @@ fn child_body(ns: OwnedFd, rootfs: &Path, p: Prepared, id: &str) -> Result<(), H
             shared.join(", ")
         )));
     }
+    if let Some((uid, gid)) = p.userns_root {
+        // New inodes (mount targets, directories) belong to the container's root. The fs
+        // capabilities leave the effective set with the change; none is needed from here.
+        // SAFETY: plain syscalls on this (single-threaded) process's credentials. They report
+        // no error: a second call returns the id now in force.
+        let (g, u) = unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+            (libc::setfsgid(gid) as u32, libc::setfsuid(uid) as u32)
+        };
+        if (u, g) != (uid, gid) {
+            return Err(HookError::Namespace {
+                code: 2,
+                message: format!("cannot take the container root's ids {uid}:{gid}"),
+            });
+        }
+    }
     let root = Root::open(rootfs)?;
     let ldcache = p.ldcache;
     apply_in_root(
@@ -286,6 +343,7 @@ fn child_body(ns: OwnedFd, rootfs: &Path, p: Prepared, id: &str) -> Result<(), H
             nodes: p.nodes,
             mounts: p.mounts,
             ldcache: None,
+            userns_root: p.userns_root,
         },
         id,
     )?;
@@ -308,5 +366,23 @@ pub fn log_unapplied(plan: &Plan, id: &str) {
         if !(h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")) {
             warn!(container = id, hook = %h.path, stage = %h.hook_name, "CDI hook not run in hook mode");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn root_mapping_from_uid_map() {
+        assert_eq!(
+            super::root_mapping("         0     200000      65536\n"),
+            Some(200000)
+        );
+        assert_eq!(
+            super::root_mapping("1000 1000 1\n0 300000 1\n"),
+            Some(300000)
+        );
+        assert_eq!(super::root_mapping("1 100000 65536\n"), None);
+        assert_eq!(super::root_mapping("0 5 0\n"), None);
+        assert_eq!(super::root_mapping(""), None);
     }
 }

@@ -17,9 +17,12 @@ pub const HOST: &[C] = &[
     C::CAP_DAC_OVERRIDE,
     C::CAP_DAC_READ_SEARCH,
     C::CAP_SETPCAP,
+    C::CAP_SETUID,
+    C::CAP_SETGID,
 ];
 
-/// After `setns`: device nodes, mount targets, mounts.
+/// After `setns`: device nodes, mount targets, mounts (SETUID/SETGID: the fs ids of a
+/// user-namespaced container's root).
 pub const IN_NAMESPACE: &[C] = &[
     C::CAP_SYS_ADMIN,
     C::CAP_SYS_CHROOT,
@@ -29,6 +32,8 @@ pub const IN_NAMESPACE: &[C] = &[
     C::CAP_DAC_OVERRIDE,
     C::CAP_DAC_READ_SEARCH,
     C::CAP_SETPCAP,
+    C::CAP_SETUID,
+    C::CAP_SETGID,
 ];
 
 /// The ld cache refresh (also the bounding set it execs ldconfig with): `ldconfig -r` chroots.

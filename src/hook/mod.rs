@@ -187,15 +187,26 @@ fn enforce_plan(
 ) -> Result<(), HookError> {
     let id = st.id.as_str();
     let pid = st.pid.unwrap_or_default();
-    let nodes = apply::node_specs(plan)?;
+    let mut nodes = apply::node_specs(plan)?;
     // The same state directory and host files as gpufence-runtime writes (same code): only
     // under state-dir, no symlink followed below it, atomic writes.
     crate::runtime::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
         code: e.code,
         message: e.message,
     })?;
-    let mounts = apply::detach_mounts(plan)?;
+    let mut mounts = apply::detach_mounts(plan)?;
     let ldcache = ldcache_run(plan)?;
+    let userns_root = userns_root(pid)?;
+    if let Some((uid, gid)) = userns_root {
+        info!(
+            container = id,
+            uid, gid, "user-namespaced container: device nodes bind-mounted from the host"
+        );
+        let mut dev = apply::nodes_as_mounts(plan)?;
+        dev.append(&mut mounts);
+        mounts = dev;
+        nodes.clear();
+    }
 
     // The container's mount namespace must be another one than ours: mounting "into the
     // container" in the host's namespace would change the host.
@@ -248,10 +259,40 @@ fn enforce_plan(
         nodes,
         mounts,
         ldcache,
+        userns_root,
     };
     apply::apply_in_namespace(ns, rootfs, prepared, id)?;
     info!(container = id, "hook enforcement complete");
     Ok(())
+}
+
+/// Host uid/gid of the container's root when the container has its own user namespace.
+fn userns_root(pid: i64) -> Result<Option<(u32, u32)>, HookError> {
+    let stat = |p: String| {
+        nix::sys::stat::stat(p.as_str()).map_err(|errno| HookError::Host {
+            path: p.clone(),
+            op: "stat",
+            errno,
+        })
+    };
+    let own = stat("/proc/self/ns/user".into())?;
+    let theirs = stat(format!("/proc/{pid}/ns/user"))?;
+    if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
+        return Ok(None);
+    }
+    let map = |which: &str| -> Result<u32, HookError> {
+        let p = format!("/proc/{pid}/{which}");
+        let text = std::fs::read_to_string(&p).map_err(|e| HookError::Host {
+            path: p.clone(),
+            op: "read",
+            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        apply::root_mapping(&text).ok_or_else(|| HookError::Namespace {
+            code: 1,
+            message: format!("{p}: the container's root is not mapped"),
+        })
+    };
+    Ok(Some((map("uid_map")?, map("gid_map")?)))
 }
 
 fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
