@@ -367,8 +367,11 @@ fn shared_rootfs_propagation_is_refused() {
             .success()
     );
     let ns = Ns::new("unchanged");
-    let e = apply_plan(&ns, &n, &plan_for(&n, "/dev/nvidia0")).unwrap_err();
-    let _ = Command::new("umount").args(["-l", &r]).status();
+    let result = apply_plan(&ns, &n, &plan_for(&n, "/dev/nvidia0"));
+    drop(ns);
+    // Undo the host-side shared bind mount whatever happened (also any propagated mounts).
+    let _ = Command::new("umount").args(["-R", "-l", &r]).status();
+    let e = result.unwrap_err();
     assert!(e.contains("propagate"), "{e}");
     assert!(host_mounts_under(&n.rootfs).is_empty());
 }
