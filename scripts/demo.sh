@@ -55,4 +55,16 @@ podman --runtime "$(command -v runc)" run --rm --device gpufence.dev/gpu=1 --roo
   for n in 0 2 3; do test -e /dev/nvidia$n && { echo "LEAK: /dev/nvidia$n visible"; exit 1; }; done
   echo "no other /dev/nvidiaN: OK"'
 rm -f /var/run/cdi/gpufence-demo.json
+
+say "5. gpufence plan: what gpufence-runtime would do for a pod annotated devices=1, memory=4Gi"
+mkdir -p "$dir/bundle"
+cat > "$dir/bundle/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"args":["/bin/sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=all"],"cwd":"/"},
+ "root":{"path":"$rootfs"},"annotations":{"gpufence.dev/devices":"1","gpufence.dev/memory":"4Gi"}}
+JSON
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/bundle" --id demo
+echo
+echo "an invalid allocation is refused with one line (exit 1):"
+sed -i 's/"gpufence.dev\/devices":"1"/"gpufence.dev\/devices":"1,7"/' "$dir/bundle/config.json"
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/bundle" --id demo || echo "(exit $?)"
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"
