@@ -67,4 +67,37 @@ echo
 echo "an invalid allocation is refused with one line (exit 1):"
 sed -i 's/"gpufence.dev\/devices":"1"/"gpufence.dev\/devices":"1,7"/' "$dir/bundle/config.json"
 "$bin/gpufence" --config "$cfg" plan --bundle "$dir/bundle" --id demo || echo "(exit $?)"
+
+say "6. gpufence-runtime run: the same pod through the runc wrapper; nvidia-smi inside shows the 4 GiB slice"
+sed -i 's/"gpufence.dev\/devices":"1,7"/"gpufence.dev\/devices":"1"/' "$dir/bundle/config.json"
+# A glibc rootfs (busybox + the host's loader and libc) so the driver's dynamically linked
+# nvidia-smi runs; the bundle is runc's default spec plus the pod's allocation annotations.
+mkdir -p "$rootfs/lib/x86_64-linux-gnu" "$rootfs/lib64" "$rootfs/usr/bin"
+for l in libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0; do
+  [ -e "/lib/x86_64-linux-gnu/$l" ] && cp "/lib/x86_64-linux-gnu/$l" "$rootfs/lib/x86_64-linux-gnu/"
+done
+cp /lib64/ld-linux-x86-64.so.2 "$rootfs/lib64/"
+for c in id cat; do ln -sf busybox "$rootfs/bin/$c"; done
+( cd "$dir/bundle" && rm -f config.json && runc spec )
+python3 - "$dir/bundle/config.json" "$rootfs" <<'PY'
+import json, sys
+p, rootfs = sys.argv[1:]
+s = json.load(open(p))
+s["process"]["terminal"] = False
+s["process"]["env"] += ["NVIDIA_VISIBLE_DEVICES=all"]   # what every CUDA image sets: not trusted
+s["process"]["args"] = ["/bin/sh", "-c",
+  "echo '$ ls /dev | grep nvidia'; ls /dev | grep nvidia; echo '$ nvidia-smi'; nvidia-smi;"
+  " echo '$ cat /etc/ld.so.preload'; cat /etc/ld.so.preload;"
+  " echo '$ cat /run/gpufence/quota'; cat /run/gpufence/quota;"
+  " echo '$ echo x >> /run/gpufence/quota'; (echo x >> /run/gpufence/quota) 2>&1 | tail -1;"
+  " echo \"NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES GPUFENCE_MEMORY_LIMIT_0=$GPUFENCE_MEMORY_LIMIT_0\""]
+s["root"] = {"path": rootfs, "readonly": False}
+s["annotations"] = {"gpufence.dev/devices": "1", "gpufence.dev/memory": "4Gi"}
+json.dump(s, open(p, "w"), indent=2)
+PY
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/bundle" gpufence-demo
+# delete goes through the wrapper too: it removes the container's state directory.
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete gpufence-demo
+test ! -e "$dir/node/state/gpufence-demo" && echo "state directory removed on delete"
+echo "decision log ($dir/node/gpufence.log):"; tail -n 3 "$dir/node/gpufence.log"
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"
