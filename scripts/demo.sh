@@ -96,8 +96,9 @@ s["annotations"] = {"gpufence.dev/devices": "1", "gpufence.dev/memory": "4Gi"}
 json.dump(s, open(p, "w"), indent=2)
 PY
 GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/bundle" gpufence-demo
-# delete goes through the wrapper too: it removes the container's state directory.
-GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete gpufence-demo
+# delete goes through the wrapper too: it removes the container's state directory (runc itself
+# already removed the exited foreground container, so runc's own delete reports it missing).
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete gpufence-demo 2>/dev/null || true
 test ! -e "$dir/node/state/gpufence-demo" && echo "state directory removed on delete"
 echo "decision log ($dir/node/gpufence.log):"; tail -n 3 "$dir/node/gpufence.log"
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"
