@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -14,66 +13,7 @@ use gpufence::cdi::{DeviceNodeEdit, MountEdit};
 use gpufence::hook::apply;
 use gpufence::plan::{CgroupRule, Plan};
 
-/// Content digest of a host tree (type, mode, size, contents, link targets), for before/after.
-fn digest(root: &Path) -> BTreeMap<PathBuf, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(md) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        use std::os::unix::fs::MetadataExt;
-        let desc = if md.file_type().is_symlink() {
-            format!("link {:?}", std::fs::read_link(&p).ok())
-        } else if md.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(&p) {
-                for e in rd.flatten() {
-                    stack.push(e.path());
-                }
-            }
-            format!("dir {:o}", md.mode())
-        } else if md.is_file() {
-            let data = std::fs::read(&p).unwrap_or_default();
-            format!("file {:o} {} {:x}", md.mode(), md.len(), fnv(&data))
-        } else {
-            format!("other {:o} {}", md.mode(), md.rdev())
-        };
-        out.insert(p, desc);
-    }
-    out
-}
-
-/// Digest of the host files an escape would target: the root directory's entries, the
-/// loader's configuration and the account databases, the system library directory. (Not all of
-/// /etc: other test suites running concurrently may legitimately write there, e.g. /etc/cdi.)
-fn host_digest() -> BTreeMap<PathBuf, String> {
-    let mut d = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir("/") {
-        for e in rd.flatten() {
-            d.insert(e.path(), "entry".to_string());
-        }
-    }
-    for p in [
-        "/etc/passwd",
-        "/etc/shadow",
-        "/etc/group",
-        "/etc/ld.so.preload",
-        "/etc/ld.so.cache",
-        "/etc/ld.so.conf",
-        "/etc/ld.so.conf.d",
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib64",
-    ] {
-        d.extend(digest(Path::new(p)));
-    }
-    d
-}
-
-fn fnv(d: &[u8]) -> u64 {
-    d.iter().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
-    })
-}
+use common::{digest, host_digest};
 
 struct Ns {
     child: Child,

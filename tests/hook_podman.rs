@@ -6,9 +6,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use common::{digest, host_digest};
 
 const ENXIO: &str = "No such device or address";
 const EPERM: &str = "Operation not permitted";
@@ -149,62 +150,6 @@ impl Drop for Env {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.runroot);
     }
-}
-
-/// Content digest of a host tree, for before/after comparisons.
-fn digest(root: &Path) -> BTreeMap<PathBuf, String> {
-    use std::os::unix::fs::MetadataExt;
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(md) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        let desc = if md.file_type().is_symlink() {
-            format!("link {:?}", std::fs::read_link(&p).ok())
-        } else if md.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(&p) {
-                stack.extend(rd.flatten().map(|e| e.path()));
-            }
-            format!("dir {:o}", md.mode())
-        } else if md.is_file() {
-            let d = std::fs::read(&p).unwrap_or_default();
-            let h = d.iter().fold(0xcbf29ce484222325u64, |h, b| {
-                (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
-            });
-            format!("file {:o} {} {h:x}", md.mode(), md.len())
-        } else {
-            format!("other {:o} {}", md.mode(), md.rdev())
-        };
-        out.insert(p, desc);
-    }
-    out
-}
-
-/// Digest of the host files an escape would target: the root directory's entries, the
-/// loader's configuration and the account databases, the system library directory. (Not all of
-/// /etc: other test suites running concurrently may legitimately write there, e.g. /etc/cdi.)
-fn host_digest() -> BTreeMap<PathBuf, String> {
-    let mut d = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir("/") {
-        for e in rd.flatten() {
-            d.insert(e.path(), "entry".to_string());
-        }
-    }
-    for p in [
-        "/etc/passwd",
-        "/etc/shadow",
-        "/etc/group",
-        "/etc/ld.so.preload",
-        "/etc/ld.so.cache",
-        "/etc/ld.so.conf",
-        "/etc/ld.so.conf.d",
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib64",
-    ] {
-        d.extend(digest(Path::new(p)));
-    }
-    d
 }
 
 const PROBE: &str = "cat /dev/nvidia0 2>&1; cat /tmp/gpu1 2>&1; \
