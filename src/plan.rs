@@ -14,6 +14,11 @@ use crate::quota::Quota;
 pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";
 /// Where the quota file appears inside the container.
 pub const CONTAINER_QUOTA_FILE: &str = "/run/gpufence/quota";
+/// The shared accounting region inside the container state directory (the shim's
+/// `region::FILE_NAME`). The host creates it empty and world-read-writable (0666) beside the
+/// quota, so every process of the container, whatever its uid or user namespace, can map it while
+/// the directory itself stays root-owned 0755 (a container user cannot create files on the host).
+pub const ACCOUNTING_FILE: &str = "accounting";
 /// Where the shim is mounted inside the container.
 pub const CONTAINER_SHIM_PATH: &str = "/usr/lib/gpufence/libgpufence.so";
 

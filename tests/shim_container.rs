@@ -1,75 +1,52 @@
-//! libgpufence.so inside a real runc container on the simulated node (glibc rootfs), set up the
-//! way the runtime sets up a GPU container with a memory share: the container's state directory
-//! bind-mounted read-write at /run/gpufence with the host-written quota file read-only on top,
-//! the shim injected through a bind-mounted /etc/ld.so.preload, the mock driver as
-//! /usr/lib/x86_64-linux-gnu/libcuda.so.1, the GPU's device node and cgroup rule, and an
-//! unprivileged container user.
+//! libgpufence.so inside a real runc container started by `gpufence-runtime` on the simulated node
+//! (`gpufence-sim node`), glibc rootfs, unprivileged container user.
 //!
-//! The runtime (`gpufence-runtime`) was not on main when this was written, so the bundle is
-//! edited here with the equivalent mounts; see the module docs of tests/shim_quota.rs for the
-//! prerequisites (root, gcc, runc).
+//! The bundle's config.json carries nothing GPU-related but the allocation annotations
+//! (`gpufence.dev/devices`, `gpufence.dev/memory`): no device nodes, no mounts, no env. Everything
+//! the shim needs comes from the runtime's plan — the device nodes and cgroup rules, the driver
+//! libraries from the sim's driver root (mock `libcuda.so.1`, `libnvidia-ml.so.1`, the mock node
+//! description beside them, `nvidia-smi`) made loadable by the ld-cache hook, the shim through
+//! `/etc/ld.so.preload`, the state directory at /run/gpufence with the read-only quota file on top,
+//! and `GPUFENCE_STATE`.
+//!
+//! Proves, inside the container: all three ways to the driver land in the shim; one process is
+//! held to its quota exactly; 8 concurrent processes allocating random sizes never exceed it
+//! together; freed memory is usable again; a SIGKILLed process's memory is reclaimed; VMM and
+//! async-pool allocations count; `cuMemGetInfo` and NVML (`nvidia-smi` and the client's own NVML
+//! calls) report the slice and the container's usage. Needs root, runc and gcc (see
+//! tests/shim_quota.rs for the client).
 
 mod common;
 #[path = "fixtures/cuda_harness.rs"]
 mod harness;
+mod runtime_support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 
-use harness::{MIB, Node, field, lines, num};
-use serde_json::{Value, json};
-
-fn bind(src: &std::path::Path, dst: &str, ro: bool) -> Value {
-    let mut opts = vec!["rbind"];
-    if ro {
-        opts.push("ro");
-    }
-    json!({"destination": dst, "type": "bind", "source": src, "options": opts})
-}
+use harness::{MIB, field, lines, num};
+use runtime_support::{node, runc_list, runtime, unique_id};
+use serde_json::json;
 
 #[test]
-fn quota_holds_inside_a_runc_container() {
+fn quota_holds_inside_a_gpufence_runtime_container() {
     if common::skip_unless(&["runc", "gcc"]) {
         return;
     }
-    let Some(node) = Node::new("shim-ctr", &[1024]) else {
-        return;
-    };
-    let dir = &node.dir;
-    let id = format!("gpufence-shim-{}", std::process::id());
+    let s = common::scratch("shim-ctr");
+    let n = node(&s, 2, &[]);
     let quota = 100 * MIB;
-
-    // host side, as the runtime leaves it: state-dir/<id>/quota
-    let state = dir.join("state").join(&id);
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let quota_file = state.join("quota");
-    std::fs::write(&quota_file, node.quota(&[(0, 0, quota)])).unwrap();
-    let preload = dir.join("ld.so.preload");
-    std::fs::write(&preload, "/usr/lib/gpufence/libgpufence.so\n").unwrap();
-    // inside the container the device node is at /dev/nvidia0
-    let ctr_node = dir.join("node-in-container.json");
-    let mut n: Value = serde_json::from_slice(&std::fs::read(&node.node_json).unwrap()).unwrap();
-    n["dev_root"] = json!("/");
-    std::fs::write(&ctr_node, n.to_string()).unwrap();
-
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(&bundle).unwrap();
-    let rootfs = common::glibc_rootfs(&bundle);
-    std::fs::set_permissions(rootfs.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let bin = rootfs.join("usr/local/bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let (plain, direct) = harness::clients();
-    std::fs::copy(plain, bin.join("cuda_client")).unwrap();
-    std::fs::copy(direct, bin.join("cuda_client_direct")).unwrap();
-
     let q = quota.to_string();
+
     let script = format!(
         r#"
 C=/usr/local/bin/cuda_client; D=/usr/local/bin/cuda_client_direct
 id -u | sed 's/^/uid /'
+echo "mocknode-env ${{GPUFENCE_MOCK_NODE-unset}}"
+test -r /usr/lib/x86_64-linux-gnu/gpufence-mock-node.json && echo mocknode-beside-libcuda
+test -e /etc/gpufence-mock-node.json && echo mocknode-in-etc
+echo "state-env $GPUFENCE_STATE"
 $C dlsym where info fill 1048576 free
-$D direct fill 1048576 free
+$D direct totalmem fill 1048576 free
 $C proc vmm 33554432 pool 33554432 info fill 1048576 free
 dd if=/dev/zero of=/tmp/counter bs=8 count=1 2>/dev/null
 for i in 1 2 3 4 5 6 7 8; do
@@ -77,89 +54,98 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 wait
 cat /tmp/r*
+$C dlsym fill 1048576 | sed 's/^/after-random /'
 $D direct alloc 83886080 hold > /tmp/h &
 HP=$!
 while ! grep -q holding /tmp/h; do sleep 0.05; done
 $C dlsym info alloc 31457280 | sed 's/^/neighbour /'
 $C dlsym nvml | sed 's/^/neighbour /'
+nvidia-smi | sed 's/^/smi /'
 kill -9 $HP
 wait $HP
 $C proc fill 1048576 | sed 's/^/after-kill /'
 stat -c 'accounting %a' /run/gpufence/accounting
 echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo quota-readonly
+grep ' /run/gpufence/quota ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/quota-mount /'
+touch /run/gpufence/planted 2>/dev/null && echo state-dir-writable || echo state-dir-closed
+echo done
 "#
     );
-    std::fs::write(rootfs.join("test.sh"), script).unwrap();
-
-    Command::new("runc")
-        .arg("spec")
-        .current_dir(&bundle)
-        .status()
-        .unwrap();
-    let cfg_path = bundle.join("config.json");
-    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-    cfg["process"]["terminal"] = json!(false);
-    cfg["process"]["args"] = json!(["/bin/sh", "/test.sh"]);
-    cfg["process"]["user"] = json!({"uid": 1000, "gid": 1000});
-    cfg["process"]["env"] = json!([
-        "PATH=/usr/local/bin:/bin",
-        "GPUFENCE_STATE=/run/gpufence",
-        "GPUFENCE_MOCK_NODE=/etc/gpufence-mock-node.json"
-    ]);
-    cfg["root"] = json!({"path": rootfs, "readonly": false});
-    let mounts = cfg["mounts"].as_array_mut().unwrap();
-    mounts.push(bind(&state, "/run/gpufence", false));
-    mounts.push(bind(&quota_file, "/run/gpufence/quota", true));
-    mounts.push(bind(&preload, "/etc/ld.so.preload", true));
-    mounts.push(bind(
-        &common::cdylib("libgpufence.so"),
-        "/usr/lib/gpufence/libgpufence.so",
-        true,
-    ));
-    mounts.push(bind(
-        &common::cdylib("libgpufence_mock_cuda.so"),
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        true,
-    ));
-    mounts.push(bind(
-        &common::cdylib("libgpufence_mock_nvml.so"),
-        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-        true,
-    ));
-    mounts.push(bind(&ctr_node, "/etc/gpufence-mock-node.json", true));
-    cfg["linux"]["devices"] = json!([{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0,
-        "fileMode": 438, "uid": 0, "gid": 0}]);
-    cfg["linux"]["resources"]["devices"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}));
-    std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
-
-    let runc_root = dir.join("runc-root");
-    let (rc, out, err) = common::run(
-        Command::new("timeout")
-            .args(["120", "runc", "--root"])
-            .arg(&runc_root)
-            .args(["run", "-b"])
-            .arg(&bundle)
-            .arg(&id),
+    // Only the allocation annotations: everything GPU-related comes from the runtime.
+    let b = runtime_support::bundle(
+        &s,
+        "bundle",
+        &script,
+        &[
+            ("gpufence.dev/devices", "1"),
+            ("gpufence.dev/memory", "100Mi"),
+        ],
+        &[],
     );
-    let _ = Command::new("runc")
-        .arg("--root")
-        .arg(&runc_root)
-        .args(["delete", "-f", &id])
-        .output();
-    assert_eq!(rc, 0, "runc failed: {err}\n{out}");
+    let rootfs = common::glibc_rootfs(&b);
+    std::fs::set_permissions(rootfs.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let bin = rootfs.join("usr/local/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let (plain, direct) = harness::clients();
+    std::fs::copy(plain, bin.join("cuda_client")).unwrap();
+    std::fs::copy(direct, bin.join("cuda_client_direct")).unwrap();
+    let cfg_path = b.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["process"]["user"] = json!({"uid": 1000, "gid": 1000});
+    std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    // Nothing GPU-related by hand: no device nodes, no mounts but runc's defaults, no env.
+    assert!(cfg["linux"].get("devices").is_none(), "{cfg}");
+    assert!(
+        cfg["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["type"] != "bind"),
+        "{cfg}"
+    );
+    assert!(
+        !cfg["process"]["env"].to_string().contains("GPUFENCE"),
+        "{cfg}"
+    );
+
+    let root = s.join("runc-root");
+    let runc_log = s.join("runc.log");
+    let id = unique_id("shim");
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &runc_log,
+        &["run", "--bundle", b.to_str().unwrap(), &id],
+    );
+    let state = n.state_dir.join(&id);
+    let accounting_on_host = state.join("accounting").exists();
+    let (dcode, _, derr) = runtime(&n, &root, &runc_log, &["delete", "--force", &id]);
     let ctx = format!("container output:\n{out}\nstderr:\n{err}");
+    assert_eq!(code, 0, "gpufence-runtime run failed: {ctx}");
+    assert!(out.lines().any(|l| l == "done"), "{ctx}");
 
     assert_eq!(num(&out, "uid"), 1000, "{ctx}");
-    // all three ways to the driver land in the shim, preloaded by /etc/ld.so.preload
+    // The mock driver finds the node description beside itself (a driver file of the sim's
+    // driver root, mounted by the plan), not through test env.
+    assert_eq!(field(&out, "mocknode-env"), ["unset"], "{ctx}");
+    assert!(out.contains("mocknode-beside-libcuda"), "{ctx}");
+    assert!(!out.contains("mocknode-in-etc"), "{ctx}");
+    assert_eq!(field(&out, "state-env"), ["/run/gpufence"], "{ctx}");
+
+    // All three ways to the driver land in the shim, preloaded by /etc/ld.so.preload.
     assert!(out.contains("where cuMemAlloc_v2 libgpufence.so"), "{ctx}");
+    assert!(
+        out.contains("where cuMemGetInfo_v2 libgpufence.so"),
+        "{ctx}"
+    );
     assert_eq!(field(&out, "info"), vec![q.clone(), q.clone()], "{ctx}");
-    let fills: Vec<&str> = lines(&out, "fill");
+    assert_eq!(num(&out, "totalmem"), quota, "{ctx}");
+    // One process is held to its quota exactly, and can use all of it: dlsym, direct link, and
+    // cuGetProcAddress (after 64 MiB of VMM + pool allocations).
     let rest = quota - 64 * MIB;
     assert_eq!(
-        fills,
+        lines(&out, "fill"),
         vec![
             format!("fill {quota}"),
             format!("fill {quota}"),
@@ -167,34 +153,58 @@ echo tamper >> /run/gpufence/quota 2>/dev/null && echo quota-writable || echo qu
         ],
         "{ctx}"
     );
-    // VMM and pool allocations count: 64 MiB of them leave 36 MiB
+    // VMM and pool allocations count.
     assert!(
         out.contains("vmm 33554432 ok") && out.contains("pool 33554432 ok"),
         "{ctx}"
     );
     assert!(out.contains(&format!("info {rest} {quota}")), "{ctx}");
-    // 8 concurrent processes never above the quota together
+    // 8 concurrent processes never above the quota together, and some of them were refused
+    // (so the quota was actually contended).
     let randoms = lines(&out, "random");
     assert_eq!(randoms.len(), 8, "{ctx}");
     assert!(!out.contains("random-failed"), "{ctx}");
-    for r in randoms {
-        let peak: u64 = r.split_whitespace().nth(1).unwrap().parse().unwrap();
-        assert!(peak <= quota, "{r}\n{ctx}");
+    let mut refused = 0u64;
+    for r in &randoms {
+        let f: Vec<u64> = r
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert!(f[0] <= quota, "{r}\n{ctx}");
+        refused += f[2];
     }
-    // the holder's 80 MiB is seen by its neighbour, then reclaimed after SIGKILL
+    assert!(refused > 0, "the random clients never hit the quota: {ctx}");
+    // Freed memory (everything each process freed on exit) is usable again.
+    assert!(out.contains(&format!("after-random fill {quota}")), "{ctx}");
+    // The holder's 80 MiB is seen by its neighbour, then reclaimed after SIGKILL.
     assert!(
         out.contains(&format!("neighbour info {} {quota}", 20 * MIB)),
         "{ctx}"
     );
     assert!(out.contains("neighbour alloc 31457280 err 2"), "{ctx}");
-    // nvidia-smi's view (NVML) in another process: the slice and the container's usage
     assert!(
         out.contains(&format!("neighbour nvml {quota} {} {}", 20 * MIB, 80 * MIB)),
+        "{ctx}"
+    );
+    // nvidia-smi from the sim's driver root: only the granted GPU, showing the slice.
+    let smi = lines(&out, "smi");
+    let gpus: Vec<&&str> = smi.iter().filter(|l| l.starts_with("smi GPU ")).collect();
+    assert_eq!(gpus.len(), 1, "{ctx}");
+    assert!(
+        gpus[0].contains(&gpufence::sim::gpu_uuid(1))
+            && gpus[0].ends_with("memory.total=100MiB memory.used=80MiB memory.free=20MiB"),
         "{ctx}"
     );
     assert!(out.contains(&format!("after-kill fill {quota}")), "{ctx}");
     assert!(out.contains("accounting 666"), "{ctx}");
     assert!(out.contains("quota-readonly"), "{ctx}");
-    // the region lives in the host's per-container state directory
-    assert!(state.join("accounting").exists());
+    assert_eq!(field(&out, "quota-mount"), ["ro"], "{ctx}");
+    // The container user shares the region but cannot create files in the host's directory.
+    assert!(out.contains("state-dir-closed"), "{ctx}");
+    // The region lived in the host's per-container state directory; delete removed it.
+    assert!(accounting_on_host, "{ctx}");
+    assert_eq!(dcode, 0, "{derr}");
+    assert!(!state.exists(), "state dir removed on delete");
+    assert!(!runc_list(&root).contains(&id));
 }
