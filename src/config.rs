@@ -338,6 +338,19 @@ impl Config {
     }
 }
 
+/// Create `state-dir` if missing, mode 0711: host users may not list it or reach the
+/// per-container accounting files inside (containers reach theirs through a bind mount).
+pub fn create_state_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if path.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(path)
+}
+
 /// Join an absolute path under a root (`/` root gives the path unchanged).
 pub fn join_root(root: &Path, p: &str) -> PathBuf {
     root.join(p.trim_start_matches('/'))
@@ -395,6 +408,19 @@ memory-unit = "MiB"
         assert_eq!(c.gpushare.memory_unit, MemoryUnit::MiB);
         let c = Config::from_toml("[allocation]\ntrust-env = true\n", Path::new("x")).unwrap();
         assert!(c.allocation.honours(Dialect::Nvidia));
+    }
+
+    #[test]
+    fn state_dir_is_not_listable_by_host_users() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a/state");
+        create_state_dir(&p).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o711
+        );
+        create_state_dir(&p).unwrap();
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn write(cfg: &Config, key: &CacheKey, inv: &Inventory) -> Result<(), Invent
         let path = path.to_path_buf();
         move |source| InventoryError::Io { path, source }
     };
-    std::fs::create_dir_all(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
+    crate::config::create_state_dir(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
     let body = serde_json::to_vec(&CacheFile {
         format: FORMAT,
         key: key.clone(),

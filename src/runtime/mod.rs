@@ -342,7 +342,7 @@ fn create_accounting(p: &Path) -> std::io::Result<()> {
 
 /// `mkdir -p` of `dir` (under `base`), refusing symlinks on the way below `base`.
 fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(base)?;
+    crate::config::create_state_dir(base)?;
     let rel = dir
         .strip_prefix(base)
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "outside state-dir"))?;
