@@ -335,3 +335,27 @@ fn update_ldcache_never_reaches_the_host_through_proc() {
         "the container's ld cache lists a host directory"
     );
 }
+
+/// An image `VOLUME /run/gpufence` is a mount at the same destination, from elsewhere: it must
+/// not make the hook believe gpufence-runtime applied the plan (that would skip the device gate
+/// and the quota mounts).
+#[test]
+fn image_volume_at_state_dir_does_not_skip_enforcement() {
+    let Some((dir, config)) = setup("hook-cli-volume") else {
+        return;
+    };
+    let b = bundle(&dir, serde_json::json!({"gpufence.dev/devices": "0"}));
+    let p = b.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let vol = dir.join("volumes/anon/_data");
+    std::fs::create_dir_all(&vol).unwrap();
+    v["mounts"] = serde_json::json!([{"destination": "/run/gpufence", "type": "bind",
+        "source": vol, "options": ["rbind", "rw"]}]);
+    std::fs::write(&p, v.to_string()).unwrap();
+    // pid 42 is no container: enforcement is attempted and fails; it must not be skipped.
+    let (code, out, err) = hook(&config, &["prestart"], &state("ctr-volume", 42, &b));
+    let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap_or_default();
+    assert!(!log.contains("already carries gpufence's edits"), "{log}");
+    assert_ne!(code, 0, "{out}{err}");
+}
