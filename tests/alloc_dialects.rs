@@ -445,3 +445,32 @@ fn malformed_spec_fields() {
             .grants_nothing()
     );
 }
+
+/// An image `VOLUME /var/run/nvidia-container-devices/all` becomes a config.json mount too
+/// (containerd CRI, CRI-O and podman create image volumes from host directories): only the
+/// device plugin's `/dev/null` mounts may name devices, as in nvidia-container-toolkit.
+#[test]
+fn image_volume_under_device_dir_grants_nothing() {
+    let inv = inventory();
+    let cfg = config();
+    for source in [
+        "/var/lib/containerd/io.containerd.grpc.v1.cri/containers/c1/volumes/abc",
+        "/var/lib/containers/storage/volumes/abc/_data",
+    ] {
+        for dest in ["all", "0", "GPU-00000001-aaaa-bbbb-cccc-000000000001"] {
+            let mut s = spec(&[], &[]);
+            s["mounts"].as_array_mut().unwrap().push(serde_json::json!({
+                "destination": format!("/var/run/nvidia-container-devices/{dest}"),
+                "type": "bind",
+                "source": source,
+                "options": ["rbind", "rprivate"],
+            }));
+            let p = plan(&s, "c1", &inv, &cfg, &[]).unwrap();
+            assert!(
+                p.allocation.is_none() && p.edits.device_nodes.is_empty(),
+                "image volume {dest} from {source} granted {:?}",
+                p.allocation
+            );
+        }
+    }
+}

@@ -255,3 +255,107 @@ fn plan_already_applied_by_the_runtime_is_not_applied_twice() {
     let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap();
     assert!(log.contains("already carries gpufence's edits"), "{log}");
 }
+
+/// In runtime mode `update-ldcache` runs as a createContainer hook inside the container, before
+/// pivot_root, as a child of runc init (full capabilities). The image's `/etc/ld.so.conf` may
+/// name `/proc/<pid>/root/<host dir>`: the host's ldconfig, chrooted into the rootfs where the
+/// container's procfs is mounted, must not reach the host through that magic link (reading host
+/// libraries into the cache, creating soname links in host directories).
+#[test]
+fn update_ldcache_never_reaches_the_host_through_proc() {
+    let Some((dir, config)) = setup("ldcache-proc") else {
+        return;
+    };
+    if common::skip_unless(&["unshare", "sleep"]) {
+        return;
+    }
+    let hostlib = dir.join("hostlib");
+    std::fs::create_dir_all(&hostlib).unwrap();
+    let lib = std::fs::read_dir("/lib/x86_64-linux-gnu")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libz.so.1."))
+        })
+        .expect("a versioned libz on the host");
+    std::fs::copy(&lib, hostlib.join(lib.file_name().unwrap())).unwrap();
+
+    let b = bundle(&dir, serde_json::json!({}));
+    let rootfs = b.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("usr/lib/gpufence")).unwrap();
+    std::fs::create_dir_all(rootfs.join("proc")).unwrap();
+    std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+    // A root process with full capabilities stands in for runc init.
+    let mut init = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(
+        rootfs.join("etc/ld.so.conf"),
+        format!("/proc/{}/root{}\n", init.id(), hostlib.display()),
+    )
+    .unwrap();
+    let script = format!(
+        // The hook process itself (its root is the host's until pivot_root) is named too.
+        "mount --make-rprivate / && mount -t proc proc '{}' && echo \"/proc/$$/root{}\" >> '{}' && exec '{}' --config '{}' hook update-ldcache --folder /usr/lib/gpufence",
+        rootfs.join("proc").display(),
+        hostlib.display(),
+        rootfs.join("etc/ld.so.conf").display(),
+        common::bin("gpufence").display(),
+        config.display()
+    );
+    let mut child = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&state("ctr-ldproc", 42, &b));
+    let out = child.wait_with_output().unwrap();
+    let _ = init.kill();
+    let _ = init.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        std::fs::symlink_metadata(hostlib.join("libz.so.1")).is_err(),
+        "ldconfig created a soname link in a host directory (status {:?}, stderr {stderr})",
+        out.status
+    );
+    assert!(out.status.success(), "update-ldcache failed: {stderr}");
+    let cache = std::fs::read(rootfs.join("etc/ld.so.cache")).expect("ldconfig built the cache");
+    let host_dir = hostlib.display().to_string();
+    assert!(
+        !cache
+            .windows(host_dir.len())
+            .any(|w| w == host_dir.as_bytes()),
+        "the container's ld cache lists a host directory"
+    );
+}
+
+/// An image `VOLUME /run/gpufence` is a mount at the same destination, from elsewhere: it must
+/// not make the hook believe gpufence-runtime applied the plan (that would skip the device gate
+/// and the quota mounts).
+#[test]
+fn image_volume_at_state_dir_does_not_skip_enforcement() {
+    let Some((dir, config)) = setup("hook-cli-volume") else {
+        return;
+    };
+    let b = bundle(&dir, serde_json::json!({"gpufence.dev/devices": "0"}));
+    let p = b.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let vol = dir.join("volumes/anon/_data");
+    std::fs::create_dir_all(&vol).unwrap();
+    v["mounts"] = serde_json::json!([{"destination": "/run/gpufence", "type": "bind",
+        "source": vol, "options": ["rbind", "rw"]}]);
+    std::fs::write(&p, v.to_string()).unwrap();
+    // pid 42 is no container: enforcement is attempted and fails; it must not be skipped.
+    let (code, out, err) = hook(&config, &["prestart"], &state("ctr-volume", 42, &b));
+    let log = std::fs::read_to_string(dir.join("node/gpufence.log")).unwrap_or_default();
+    assert!(!log.contains("already carries gpufence's edits"), "{log}");
+    assert_ne!(code, 0, "{out}{err}");
+}

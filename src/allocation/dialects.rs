@@ -296,10 +296,10 @@ fn failure_marker(v: &str) -> Option<AllocationError> {
     })
 }
 
-/// The `volume-mounts` strategy: `/var/run/nvidia-container-devices/<id>` mount destinations.
-/// Mounts reach `config.json` from the kubelet (device plugin Allocate response, or volumes the
-/// pod spec declares), never from the image, so they are trusted like annotations whenever the
-/// nvidia dialect is enabled.
+/// The `volume-mounts` strategy: `/var/run/nvidia-container-devices/<id>` mount destinations
+/// whose source is `/dev/null`. Those reach `config.json` from the kubelet (the device plugin's
+/// Allocate response), so they are trusted like annotations whenever the nvidia dialect is
+/// enabled. An image `VOLUME` there is a mount too, but from a host directory: ignored.
 pub fn nvidia(
     inputs: &Inputs,
     inv: &Inventory,
@@ -307,10 +307,13 @@ pub fn nvidia(
 ) -> Result<Part, AllocationError> {
     let mut part = Part::new(Dialect::Nvidia);
     let prefix = format!("{NVIDIA_DEVICES_MOUNT_DIR}/");
+    // Only the device plugin's `/dev/null` mounts count (as in nvidia-container-toolkit): an
+    // image `VOLUME` under the directory also becomes a mount, from a host directory.
     let ids: Vec<&str> = inputs
-        .mount_destinations
+        .mounts
         .iter()
-        .filter_map(|d| d.strip_prefix(&prefix))
+        .filter(|(_, src)| std::path::Path::new(src) == std::path::Path::new("/dev/null"))
+        .filter_map(|(d, _)| d.strip_prefix(&prefix))
         .map(|d| d.trim_end_matches('/'))
         .collect();
     if !ids.is_empty() {

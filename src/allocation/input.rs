@@ -11,8 +11,8 @@ pub struct Inputs {
     pub annotations: BTreeMap<String, String>,
     /// `process.env` in order, split at the first `=` (entries without `=` are skipped).
     pub env: Vec<(String, String)>,
-    /// `mounts[].destination`.
-    pub mount_destinations: Vec<String>,
+    /// `mounts[]` as (destination, source); a missing source is `""`.
+    pub mounts: Vec<(String, String)>,
 }
 
 impl Inputs {
@@ -69,7 +69,8 @@ impl Inputs {
         if let Some(serde_json::Value::Array(mounts)) = spec.get("mounts") {
             for m in mounts {
                 if let Some(d) = m.get("destination").and_then(|d| d.as_str()) {
-                    inputs.mount_destinations.push(d.to_string());
+                    let src = m.get("source").and_then(|s| s.as_str()).unwrap_or_default();
+                    inputs.mounts.push((d.to_string(), src.to_string()));
                 }
             }
         }

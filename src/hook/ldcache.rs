@@ -216,6 +216,12 @@ pub fn update(rootfs: &Path, folders: &[String], ldconfig: &Path) -> Result<(), 
         Err(e) => return Err(rerr("/etc/ld.so.conf")(e)),
     }
 
+    // ldconfig, chrooted into the rootfs, still sees the container's procfs there: every
+    // `/proc/<pid>/root` of the hook's own process (whose root is the host's until pivot_root)
+    // must stay closed to it. Non-dumpable, this process's magic links need CAP_SYS_PTRACE,
+    // which ldconfig never has (callers restrict it to `caps::LDCACHE`); exec makes ldconfig
+    // itself dumpable again, but its own root is the chroot.
+    nix::sys::prctl::set_dumpable(false).map_err(rerr("prctl(PR_SET_DUMPABLE)"))?;
     let out = Command::new(ldconfig)
         .arg("-r")
         .arg(rootfs)
@@ -287,6 +293,10 @@ pub fn run(config: Option<&Path>, folders: &[String]) -> Result<(), Exit> {
         return Ok(());
     }
     let ldconfig = host_ldconfig().map_err(Exit::env)?;
+    // A createContainer hook runs with the runtime's full capabilities; ldconfig needs only
+    // these (without CAP_SYS_PTRACE, `/proc/<pid>/root` of runc init, a full-capability
+    // process, stays closed to it).
+    super::caps::restrict(super::caps::LDCACHE).map_err(|e| Exit::env(e.to_string()))?;
     match update(&rootfs, folders, &ldconfig) {
         Ok(()) => {
             tracing::info!(container = %id, rootfs = %rootfs.display(), folders = ?folders, "ld cache updated");

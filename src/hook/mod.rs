@@ -138,7 +138,7 @@ fn enforce_state(
         mounts = plan.edits.mounts.len(),
         "enforcing plan"
     );
-    if applied_by_runtime(&spec) {
+    if applied_by_runtime(&spec, &cfg.container_state_dir(id)) {
         // gpufence-runtime already put the plan into config.json (both installed): applying it
         // twice would stack mounts. Skipping grants nothing the spec does not already hold.
         info!(
@@ -165,15 +165,19 @@ fn enforce_state(
     r
 }
 
-/// Whether `config.json` already mounts the container state directory (the runtime applied the
-/// plan).
-fn applied_by_runtime(spec: &serde_json::Value) -> bool {
+/// Whether `config.json` already mounts this container's state directory (the runtime applied
+/// the plan). The source must be `state_dir` itself: an image `VOLUME /run/gpufence` is a mount
+/// at the same destination too.
+fn applied_by_runtime(spec: &serde_json::Value, state_dir: &Path) -> bool {
     spec.get("mounts")
         .and_then(|m| m.as_array())
         .is_some_and(|m| {
             m.iter().any(|m| {
                 m.get("destination").and_then(|d| d.as_str())
                     == Some(crate::plan::CONTAINER_STATE_DIR)
+                    && m.get("source")
+                        .and_then(|s| s.as_str())
+                        .is_some_and(|s| Path::new(s) == state_dir)
             })
         })
 }

@@ -96,10 +96,12 @@ pub fn cache_key(cfg: &Config) -> Result<CacheKey, InventoryError> {
     })
 }
 
-/// The cached inventory when the cache exists, parses and has this key.
+/// The cached inventory when the cache exists, parses and has this key. Its driver files and
+/// device nodes become mount sources and device nodes: only a regular file (not a symlink)
+/// owned by this user and writable by no one else is used.
 pub fn read(cfg: &Config, key: &CacheKey) -> Option<Inventory> {
     let p = path(cfg);
-    let bytes = std::fs::read(&p).ok()?;
+    let bytes = read_trusted(&p)?;
     match serde_json::from_slice::<CacheFile>(&bytes) {
         Ok(c) if c.format == FORMAT && &c.key == key => Some(c.inventory),
         Ok(_) => {
@@ -111,6 +113,24 @@ pub fn read(cfg: &Config, key: &CacheKey) -> Option<Inventory> {
             None
         }
     }
+}
+
+fn read_trusted(p: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(p)
+        .ok()?;
+    let md = f.metadata().ok()?;
+    if !md.is_file() || md.uid() != nix::unistd::geteuid().as_raw() || md.mode() & 0o022 != 0 {
+        tracing::warn!(cache = %p.display(), uid = md.uid(), mode = format!("{:o}", md.mode() & 0o7777), "inventory cache ignored: not a file only this user can write");
+        return None;
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Write the cache atomically (temp file in `state-dir`, then rename).
@@ -138,4 +158,63 @@ pub fn write(cfg: &Config, key: &CacheKey, inv: &Inventory) -> Result<(), Invent
         source: e.error,
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn key() -> CacheKey {
+        CacheKey {
+            driver_root: "/".into(),
+            dev_root: "/".into(),
+            proc_root: "/".into(),
+            nvml_library: "libnvidia-ml.so.1".into(),
+            driver_version_line: String::new(),
+            device_nodes: Vec::new(),
+        }
+    }
+
+    fn inv() -> Inventory {
+        Inventory {
+            driver_version: "1.2.3".into(),
+            cuda_driver_version: 12080,
+            gpus: Vec::new(),
+            control_nodes: Vec::new(),
+            driver_files: Vec::new(),
+        }
+    }
+
+    /// The cache names mount sources and device nodes: a file someone else could have written
+    /// (writable by group or others, another owner, a symlink) is never used.
+    #[test]
+    fn cache_others_could_write_is_ignored() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            state_dir: d.path().join("state"),
+            ..Config::default()
+        };
+        write(&cfg, &key(), &inv()).unwrap();
+        let p = path(&cfg);
+        assert_eq!(read(&cfg, &key()), Some(inv()));
+
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(read(&cfg, &key()), None, "world-writable cache used");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(read(&cfg, &key()), None, "group-writable cache used");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read(&cfg, &key()), Some(inv()));
+
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+            assert_eq!(read(&cfg, &key()), None, "cache of another owner used");
+            std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        }
+
+        let real = d.path().join("elsewhere.json");
+        std::fs::rename(&p, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &p).unwrap();
+        assert_eq!(read(&cfg, &key()), None, "symlinked cache used");
+    }
 }
