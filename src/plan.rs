@@ -189,6 +189,16 @@ pub fn plan(
             kind: None,
             options: RO_BIND.iter().map(|s| s.to_string()).collect(),
         });
+        if container_id.starts_with('.')
+            || [LD_SO_PRELOAD_FILE, crate::inventory::CACHE_FILE].contains(&container_id)
+        {
+            // state-dir/<id> would collide with a node-wide file (or a temp file) in state-dir.
+            return Err(AllocationError::new(
+                "container id",
+                container_id,
+                "reserved in state-dir for a node-wide file; a GPU container cannot use it",
+            ));
+        }
         let state_dir = config.container_state_dir(container_id);
         let state_dir_s = state_dir.display().to_string();
         let quota_host = state_dir.join("quota").display().to_string();

@@ -403,3 +403,15 @@ fn no_allocation_grants_nothing() {
     assert!(p.edits.is_empty());
     assert!(p.cgroup_rules.is_empty() && p.host_files.is_empty() && p.state_dir.is_none());
 }
+
+#[test]
+fn container_ids_that_name_node_wide_state_files_get_no_gpu() {
+    let s = spec(&[("gpufence.dev/devices", "0")], &[]);
+    for id in ["ld.so.preload", "inventory.json", ".hidden"] {
+        let e = plan(&s, id, &inventory(), &config(), &[]).unwrap_err();
+        assert_eq!(e.key, "container id", "{id}: {e}");
+        assert!(e.to_string().contains("reserved"), "{e}");
+        // Without an allocation the id needs no state directory and is fine.
+        assert!(plan(&spec(&[], &[]), id, &inventory(), &config(), &[]).is_ok());
+    }
+}
