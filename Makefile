@@ -56,8 +56,9 @@ demo: build
 
 test: deps
 	$(CARGO) build --workspace --all-targets
-	$(CARGO) test --workspace -- --test-threads=2
-	@echo "make test: all test suites passed"
+	@mkdir -p target
+	set -o pipefail; $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
+	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
 
 lint:
 	$(CARGO) fmt --all -- --check
