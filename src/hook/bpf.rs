@@ -95,9 +95,11 @@ impl Grant {
     }
 }
 
-/// Assemble the gate program. `gated_majors` are the character-device majors only granted
-/// nodes may use.
-pub fn build_program(grants: &[Grant], gated_majors: &[u32]) -> Vec<Insn> {
+/// Load the device context into r2 (type), r5 (access), r3 (major), r4 (minor), then one
+/// 8-instruction block per grant that returns 1 (allow) when type, major, minor match and the
+/// requested access is within the grant; a failed test falls through to the next block.
+/// r1 (the context) is left intact for code that follows.
+fn grant_prefix(grants: &[Grant]) -> Vec<Insn> {
     let mut p = vec![
         insn(BPF_LDX_MEM_W, 2, 1, 0, 0),
         insn(BPF_ALU64_AND_K, 2, 0, 0, 0xffff),
@@ -107,7 +109,6 @@ pub fn build_program(grants: &[Grant], gated_majors: &[u32]) -> Vec<Insn> {
         insn(BPF_LDX_MEM_W, 4, 1, 8, 0),
     ];
     for g in grants {
-        // 8-instruction block; a failed test jumps to the instruction after the block.
         const L: i16 = 8;
         p.extend([
             insn(BPF_JMP_JNE_K, 2, 0, L - 1, g.dev_type),
@@ -120,6 +121,13 @@ pub fn build_program(grants: &[Grant], gated_majors: &[u32]) -> Vec<Insn> {
             insn(BPF_JMP_EXIT, 0, 0, 0, 0),
         ]);
     }
+    p
+}
+
+/// Assemble the gate program. `gated_majors` are the character-device majors only granted
+/// nodes may use.
+pub fn build_program(grants: &[Grant], gated_majors: &[u32]) -> Vec<Insn> {
+    let mut p = grant_prefix(grants);
     let mut majors: Vec<u32> = gated_majors.to_vec();
     majors.sort_unstable();
     majors.dedup();
@@ -404,27 +412,7 @@ fn reloadable(p: &[Insn]) -> bool {
 /// allowed, everything else decided by the original. Registers r2–r6 are scratch for the
 /// prefix; r1 (the context) is left intact for the original code.
 pub fn widen(original: &[Insn], grants: &[Grant]) -> Vec<Insn> {
-    let mut p = vec![
-        insn(BPF_LDX_MEM_W, 2, 1, 0, 0),
-        insn(BPF_ALU64_AND_K, 2, 0, 0, 0xffff),
-        insn(BPF_LDX_MEM_W, 5, 1, 0, 0),
-        insn(BPF_ALU64_RSH_K, 5, 0, 0, 16),
-        insn(BPF_LDX_MEM_W, 3, 1, 4, 0),
-        insn(BPF_LDX_MEM_W, 4, 1, 8, 0),
-    ];
-    for g in grants {
-        const L: i16 = 8;
-        p.extend([
-            insn(BPF_JMP_JNE_K, 2, 0, L - 1, g.dev_type),
-            insn(BPF_JMP_JNE_K, 3, 0, L - 2, g.major as i32),
-            insn(BPF_JMP_JNE_K, 4, 0, L - 3, g.minor as i32),
-            insn(BPF_ALU64_MOV_X, 6, 5, 0, 0),
-            insn(BPF_ALU64_AND_K, 6, 0, 0, !g.access & 0x7),
-            insn(BPF_JMP_JNE_K, 6, 0, L - 6, 0),
-            insn(BPF_ALU64_MOV_K, 0, 0, 0, 1),
-            insn(BPF_JMP_EXIT, 0, 0, 0, 0),
-        ]);
-    }
+    let mut p = grant_prefix(grants);
     p.extend_from_slice(original);
     p
 }
