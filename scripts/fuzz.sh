@@ -33,9 +33,9 @@ for t in "${targets[@]}"; do
     status="FAILED (see $log and fuzz/artifacts/$t)"
     failed=1
   fi
-  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
   printf '%-12s %s: %s runs, %s exec/s, %s\n' "$t" "$status" "${runs:-?}" "${rate:-?}" "${cov:-cov: ?}" | tee -a "$summary"
 done
 echo ">> summary in $summary"
