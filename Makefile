@@ -1,6 +1,7 @@
 # gpufence — two entry points that do all the set-up on a fresh Debian 12 / Ubuntu machine (as root):
 #   make demo   build, simulate a 4-GPU node, print inventory + CDI spec, run a podman container on GPU 1
 #   make test   the whole test suite (unit, property, fuzz-bounded, end-to-end with runc/podman/containerd)
+#   make fuzz   coverage-guided fuzzing (cargo-fuzz) of every untrusted-input parser, FUZZ_SECONDS each
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -10,7 +11,7 @@ APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci s
                 python3-venv python3-pip iproute2 uidmap binutils
 PY_VENV := $(CURDIR)/target/venv
 
-.PHONY: all deps rust build build-debug shim-compat demo test lint fmt bench clean-demo
+.PHONY: all deps rust build build-debug shim-compat demo test fuzz lint fmt bench clean-demo
 
 all: build
 
@@ -59,6 +60,12 @@ test: deps
 	@mkdir -p target
 	set -o pipefail; $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
+
+# Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every
+# target in fuzz/ for FUZZ_SECONDS (default 60) on the stable toolchain (RUSTC_BOOTSTRAP=1).
+FUZZ_SECONDS ?= 60
+fuzz: rust
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
