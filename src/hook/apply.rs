@@ -231,10 +231,21 @@ fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError>
     Ok(())
 }
 
-/// Fork a single-threaded child that joins the mount namespace `ns`, refuses shared mounts
-/// under `rootfs`, applies `p` and refreshes the ld cache. Returns the child's error line.
+/// The mount namespace the worker applies a plan in.
+#[derive(Debug)]
+pub enum Namespace {
+    /// The container's (`setns` into this fd of `/proc/<pid>/ns/mnt`): hook mode.
+    Join(OwnedFd),
+    /// A new one of the worker's own (`unshare(CLONE_NEWNS)`, every mount made private): its
+    /// mounts vanish with the worker, only what was written into the rootfs stays (the wrapper's
+    /// ld cache refresh before runc runs).
+    Private,
+}
+
+/// Fork a single-threaded child that enters `ns`, refuses shared mounts under `rootfs`,
+/// applies `p` and refreshes the ld cache. Returns the child's error line.
 pub fn apply_in_namespace(
-    ns: OwnedFd,
+    ns: Namespace,
     rootfs: &Path,
     p: Prepared,
     id: &str,
@@ -296,15 +307,41 @@ pub fn apply_in_namespace(
     }
 }
 
-fn child_body(ns: OwnedFd, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
-    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|errno| {
-        HookError::Host {
-            path: "container mount namespace".into(),
-            op: "setns",
-            errno,
+fn enter(ns: Namespace) -> Result<(), HookError> {
+    match ns {
+        Namespace::Join(fd) => {
+            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|errno| {
+                HookError::Host {
+                    path: "container mount namespace".into(),
+                    op: "setns",
+                    errno,
+                }
+            })
         }
-    })?;
-    drop(ns);
+        Namespace::Private => {
+            let err = |op, errno| HookError::Host {
+                path: "private mount namespace".into(),
+                op,
+                errno,
+            };
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+                .map_err(|e| err("unshare", e))?;
+            // The copies are still peers of the host's mounts until made private: only then
+            // can nothing mounted here propagate back.
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .map_err(|e| err("make / rprivate", e))
+        }
+    }
+}
+
+fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
+    enter(ns)?;
     super::caps::restrict(super::caps::IN_NAMESPACE)?;
     let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HookError::Host {
         path: "/proc/self/mountinfo".into(),

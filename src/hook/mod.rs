@@ -265,7 +265,7 @@ fn enforce_plan(
         ldcache,
         userns_root,
     };
-    apply::apply_in_namespace(ns, rootfs, prepared, id)?;
+    apply::apply_in_namespace(apply::Namespace::Join(ns), rootfs, prepared, id)?;
     info!(container = id, "hook enforcement complete");
     Ok(())
 }
@@ -315,7 +315,9 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
 
 /// The plan's ld cache hook (createContainer `… hook update-ldcache --folder …`): the hook
 /// cannot add hooks to the container, so it refreshes the cache itself after mounting.
-fn ldcache_run(plan: &crate::plan::Plan) -> Result<Option<apply::LdcacheRun>, HookError> {
+pub(crate) fn ldcache_run(
+    plan: &crate::plan::Plan,
+) -> Result<Option<apply::LdcacheRun>, HookError> {
     let Some(h) =
         plan.edits.hooks.iter().find(|h| {
             h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")

@@ -2,7 +2,8 @@
 //!
 //! Pipeline on `create`/`run`: argv (pure, [`args`]) → config + cached inventory (device numbers
 //! re-read from `dev-root`) + CDI specs → [`crate::plan::plan`] (pure) → [`apply_to_spec`] (pure)
-//! → host files (state dir, quota, generated ld.so.preload) → atomic `config.json` write → `exec`
+//! → ld cache refresh in a private mount namespace ([`ldcache`], instead of runc running the
+//! plan's createContainer hook) → host files (state dir, quota, generated ld.so.preload) → atomic `config.json` write → `exec`
 //! of the real runtime with the original argv. Every other subcommand execs straight through
 //! without reading anything but the configuration; `delete` also removes the container's state
 //! directory once the real runtime has let go of the container.
@@ -22,6 +23,7 @@ pub mod apply;
 pub mod args;
 pub mod cli;
 pub mod configure;
+pub mod ldcache;
 pub mod runclog;
 
 pub use apply::{ApplyError, apply_to_spec};
@@ -111,7 +113,7 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         Err(e) => (empty_inventory(), Some(e)),
     };
     let cdi_specs = load_cdi_specs(&spec);
-    let plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
+    let mut plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
         Ok(p) => p,
         Err(e) => {
             return Err(Exit::invalid(match inventory_error {
@@ -128,8 +130,13 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     }
     log_decision(id, &plan);
 
+    // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
+    let refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
     let mut edited = spec.clone();
     apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
+    if let Some(r) = refresh {
+        r.run(id)?;
+    }
     write_host_files(cfg, id, &plan)?;
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)

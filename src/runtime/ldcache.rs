@@ -1,0 +1,247 @@
+//! The ld cache refresh, done by the wrapper before it execs runc instead of by a
+//! createContainer hook that runc would run.
+//!
+//! runc's hook machinery alone costs ~10 ms per container; the refresh itself is one static
+//! `ldconfig -r`. So when the plan carries gpufence's own ldcache hook, the wrapper:
+//!
+//! 1. forks a single-threaded worker that `unshare(CLONE_NEWNS)`s and makes every mount of its
+//!    new namespace private (nothing it mounts can propagate back to the host);
+//! 2. bind-mounts, read-only, each planned mount whose target lies directly in one of the
+//!    ldcache folders (the driver libraries) onto its target inside the rootfs — the same hook
+//!    code as hook mode: sources cloned with `open_tree`, targets created and opened only
+//!    through `openat2(RESOLVE_IN_ROOT)` handles of the rootfs, attached with `move_mount`;
+//! 3. runs the same refresh as `gpufence hook update-ldcache` ([`crate::hook::ldcache::update`]:
+//!    in-root `ld.so.conf.d` drop-in, host static `ldconfig -r ROOTFS`, capabilities reduced to
+//!    [`crate::hook::caps::LDCACHE`], non-dumpable), then exits. The mounts vanish with its
+//!    namespace; the cache, the drop-in and the soname links stay in the rootfs, and runc later
+//!    bind-mounts the very same files at the very same paths, so the cache is already right.
+//!
+//! The mount targets the worker creates (empty files, missing parent directories) are ones runc
+//! creates for the same mounts anyway. The hook is then dropped from the edits written to
+//! `config.json` (the plan itself, `gpufence plan`, hook mode and CDI specs keep it).
+//!
+//! A container with its own user namespace keeps the createContainer hook: there runc runs the
+//! hook as the container's mapped root, so the files it writes belong to that root; the worker
+//! would write them as the host's root.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::exit::Exit;
+use crate::hook::HookError;
+use crate::hook::apply::{self, Namespace, Prepared};
+use crate::plan::Plan;
+
+/// The refresh the wrapper does itself, taken out of the plan by [`take_over`].
+#[derive(Debug)]
+pub struct Refresh {
+    pub rootfs: PathBuf,
+    pub folders: Vec<String>,
+    /// The plan's mounts into the folders (the driver libraries), to attach for ldconfig.
+    pub mounts: Vec<crate::cdi::MountEdit>,
+    /// The hook as the plan had it (for `ldcache_run`).
+    hook: crate::cdi::HookEdit,
+}
+
+/// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
+/// ([`crate::plan::ldcache_hook`] for this configuration): a hook from a foreign CDI spec is left
+/// to runc.
+fn own_hook_folders(cfg: &Config, h: &crate::cdi::HookEdit) -> Option<Vec<String>> {
+    if h.hook_name != "createContainer" {
+        return None;
+    }
+    let folders: Vec<String> = h
+        .args
+        .windows(2)
+        .filter(|w| w[0] == "--folder")
+        .map(|w| w[1].clone())
+        .collect();
+    (!folders.is_empty() && *h == crate::plan::ldcache_hook(cfg, &folders)).then_some(folders)
+}
+
+/// Whether the spec puts the container in a user namespace (its own or a joined one).
+fn has_user_namespace(spec: &serde_json::Value) -> bool {
+    spec.pointer("/linux/namespaces")
+        .and_then(|n| n.as_array())
+        .is_some_and(|n| {
+            n.iter()
+                .any(|ns| ns.get("type").and_then(|t| t.as_str()) == Some("user"))
+        })
+}
+
+/// The rootfs: `root.path`, relative to the bundle.
+pub fn rootfs(spec: &serde_json::Value, bundle: &Path) -> Option<PathBuf> {
+    let p = spec.pointer("/root/path")?.as_str()?;
+    (!p.is_empty()).then(|| bundle.join(p))
+}
+
+/// Take gpufence's ldcache hook out of `plan` when the wrapper can do the refresh itself (see
+/// the module docs); `None` leaves the plan as it was.
+pub fn take_over(
+    cfg: &Config,
+    spec: &serde_json::Value,
+    bundle: &Path,
+    plan: &mut Plan,
+    id: &str,
+) -> Result<Option<Refresh>, Exit> {
+    let Some((i, folders)) = plan
+        .edits
+        .hooks
+        .iter()
+        .enumerate()
+        .find_map(|(i, h)| own_hook_folders(cfg, h).map(|f| (i, f)))
+    else {
+        return Ok(None);
+    };
+    if has_user_namespace(spec) {
+        tracing::info!(
+            container = id,
+            "user-namespaced container: the ld cache is refreshed by runc's createContainer hook"
+        );
+        return Ok(None);
+    }
+    let rootfs = rootfs(spec, bundle)
+        .ok_or_else(|| Exit::invalid(format!("container {id}: config.json has no root.path")))?;
+    let mounts = plan
+        .edits
+        .mounts
+        .iter()
+        .filter(|m| {
+            Path::new(&m.container_path)
+                .parent()
+                .is_some_and(|p| folders.iter().any(|f| Path::new(f) == p))
+        })
+        .cloned()
+        .collect();
+    let hook = plan.edits.hooks.remove(i);
+    Ok(Some(Refresh {
+        rootfs,
+        folders,
+        mounts,
+        hook,
+    }))
+}
+
+impl Refresh {
+    /// Mount the libraries in a private mount namespace and refresh the cache (module docs).
+    pub fn run(self, id: &str) -> Result<(), Exit> {
+        let to_exit = |e: HookError| {
+            Exit::new(
+                e.code(),
+                format!(
+                    "container {id}: ld cache refresh in {}: {e}",
+                    self.rootfs.display()
+                ),
+            )
+        };
+        let only = |mounts: Vec<crate::cdi::MountEdit>, hooks: Vec<crate::cdi::HookEdit>| Plan {
+            edits: crate::cdi::ContainerEdits {
+                mounts,
+                hooks,
+                ..Default::default()
+            },
+            ..Plan::default()
+        };
+        let ldcache = crate::hook::ldcache_run(&only(Vec::new(), vec![self.hook.clone()]))
+            .map_err(to_exit)?;
+        let mounts =
+            apply::detach_mounts(&only(self.mounts.clone(), Vec::new())).map_err(to_exit)?;
+        let prepared = Prepared {
+            nodes: Vec::new(),
+            mounts,
+            ldcache,
+            userns_root: None,
+        };
+        apply::apply_in_namespace(Namespace::Private, &self.rootfs, prepared, id)
+            .map_err(to_exit)?;
+        tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook)");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config {
+            gpufence_binary: "/usr/bin/gpufence".into(),
+            ..Config::default()
+        }
+    }
+
+    fn plan_with(hooks: Vec<crate::cdi::HookEdit>) -> Plan {
+        let m = |p: &str| crate::cdi::MountEdit {
+            host_path: format!("/host{p}"),
+            container_path: p.to_string(),
+            kind: None,
+            options: vec!["ro".into(), "bind".into()],
+        };
+        Plan {
+            edits: crate::cdi::ContainerEdits {
+                mounts: vec![
+                    m("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                    m("/usr/lib/x86_64-linux-gnu/sub/libx.so"),
+                    m("/usr/bin/nvidia-smi"),
+                    m("/run/gpufence"),
+                ],
+                hooks,
+                ..Default::default()
+            },
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn takes_over_only_its_own_hook() {
+        let c = cfg();
+        let dirs = vec!["/usr/lib/x86_64-linux-gnu".to_string()];
+        let ours = crate::plan::ldcache_hook(&c, &dirs);
+        let mut foreign = ours.clone();
+        foreign.path = "/usr/bin/nvidia-ctk".into();
+        let spec = serde_json::json!({"root": {"path": "rootfs"}});
+        let mut plan = plan_with(vec![foreign.clone(), ours]);
+        let r = take_over(&c, &spec, Path::new("/b"), &mut plan, "c1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan.edits.hooks, vec![foreign.clone()]);
+        assert_eq!(r.rootfs, PathBuf::from("/b/rootfs"));
+        assert_eq!(r.folders, dirs);
+        let targets: Vec<&str> = r.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(targets, vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]);
+
+        // Only a foreign hook: nothing taken.
+        let mut plan = plan_with(vec![foreign.clone()]);
+        assert!(
+            take_over(&c, &spec, Path::new("/b"), &mut plan, "c1")
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(plan.edits.hooks.len(), 1);
+    }
+
+    #[test]
+    fn user_namespace_keeps_the_hook_and_rootfs_is_required() {
+        let c = cfg();
+        let hook = crate::plan::ldcache_hook(&c, &["/usr/lib64".to_string()]);
+        let userns = serde_json::json!({"root": {"path": "/r"}, "linux": {"namespaces": [{"type": "mount"}, {"type": "user"}]}});
+        let mut plan = plan_with(vec![hook.clone()]);
+        assert!(
+            take_over(&c, &userns, Path::new("/b"), &mut plan, "c1")
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(plan.edits.hooks, vec![hook.clone()]);
+        let mut plan = plan_with(vec![hook.clone()]);
+        let no_root = serde_json::json!({"linux": {}});
+        assert!(take_over(&c, &no_root, Path::new("/b"), &mut plan, "c1").is_err());
+        // Absolute root.path is kept as is.
+        let abs = serde_json::json!({"root": {"path": "/var/lib/c/rootfs"}});
+        let mut plan = plan_with(vec![hook]);
+        let r = take_over(&c, &abs, Path::new("/b"), &mut plan, "c1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.rootfs, PathBuf::from("/var/lib/c/rootfs"));
+        assert!(plan.edits.hooks.is_empty());
+    }
+}
