@@ -13,7 +13,6 @@ mod alloc_support;
 use std::collections::BTreeSet;
 
 use alloc_support::*;
-use gpufence::allocation::DeviceRef;
 use gpufence::config::{Config, Dialect, MemoryUnit, ShimInject, TrustEnv};
 use gpufence::plan::{Plan, plan};
 use proptest::prelude::*;
@@ -203,105 +202,9 @@ fn config_strategy() -> impl Strategy<Value = Config> {
         })
 }
 
-fn foreign_specs() -> Vec<gpufence::cdi::LoadedSpec> {
-    vec![foreign_spec(
-        "/etc/cdi/nic.yaml",
-        0,
-        "cdiVersion: \"0.5.0\"\nkind: vendor.com/nic\ndevices:\n- name: nic0\n  containerEdits:\n    deviceNodes:\n    - {path: /dev/vnic0, type: c, major: 240, minor: 0}\n",
-    )]
-}
-
-/// The plan grants only what the allocation names.
+/// The plan grants only what the allocation names (see `alloc_support::check_plan`).
 fn check_invariants(p: &Plan) -> Result<(), TestCaseError> {
-    let inv = inventory();
-    let Some(a) = &p.allocation else {
-        prop_assert!(p.grants_nothing(), "no allocation but grants: {p:?}");
-        prop_assert!(p.edits.is_empty());
-        prop_assert!(p.cgroup_rules.is_empty() && p.host_files.is_empty() && p.state_dir.is_none());
-        for o in &p.env_overrides {
-            prop_assert!(o.ends_with("=void"), "{o}");
-        }
-        return Ok(());
-    };
-    // Allowed nodes: allocated GPUs, MIG parents and caps, control nodes, foreign nodes.
-    let mut allowed: BTreeSet<String> = inv.control_nodes.iter().map(|n| n.path.clone()).collect();
-    let mut uuids: BTreeSet<String> = BTreeSet::new();
-    for d in &a.devices {
-        uuids.insert(d.uuid.clone());
-        match d.device {
-            DeviceRef::Gpu { index } => {
-                let g = inv.gpu_by_index(index).unwrap();
-                prop_assert_eq!(&g.uuid, &d.uuid);
-                allowed.insert(g.node.path.clone());
-            }
-            DeviceRef::Mig { gpu, mig } => {
-                let g = inv.gpu_by_index(gpu).unwrap();
-                prop_assert!(g.mig_enabled);
-                let m = g.mig_devices.iter().find(|m| m.index == mig).unwrap();
-                prop_assert_eq!(&m.uuid, &d.uuid);
-                allowed.insert(g.node.path.clone());
-                allowed.extend(m.caps.iter().map(|c| c.path.clone()));
-            }
-        }
-        if let Some(m) = d.memory_limit {
-            prop_assert!(m > 0);
-        }
-        if let Some(c) = d.cores {
-            prop_assert!((1..=100).contains(&c));
-        }
-    }
-    for f in &a.foreign_cdi {
-        allowed.extend(f.edits.device_nodes.iter().map(|n| n.path.clone()));
-    }
-    for n in &p.edits.device_nodes {
-        prop_assert!(
-            allowed.contains(&n.path),
-            "{} granted but not allocated",
-            n.path
-        );
-        // A GPU node is granted only for an allocated GPU (or a MIG device's parent).
-        if let Some(i) = n
-            .path
-            .strip_prefix("/dev/nvidia")
-            .and_then(|s| s.parse::<u32>().ok())
-        {
-            let named = a.devices.iter().any(|d| match d.device {
-                DeviceRef::Gpu { index } => index == i,
-                DeviceRef::Mig { gpu, .. } => gpu == i,
-            });
-            prop_assert!(named, "GPU node {} not named by the allocation", n.path);
-        }
-    }
-    prop_assert_eq!(p.cgroup_rules.len(), p.edits.device_nodes.len());
-    if a.devices.is_empty() {
-        prop_assert!(p.quota.is_none() && p.host_files.is_empty());
-        prop_assert!(
-            !p.edits
-                .mounts
-                .iter()
-                .any(|m| m.container_path == gpufence::plan::CONTAINER_SHIM_PATH)
-        );
-    } else {
-        let q = p.quota.as_ref().unwrap();
-        prop_assert_eq!(q.devices.len(), a.devices.len());
-        for (i, d) in q.devices.iter().enumerate() {
-            prop_assert_eq!(d.ordinal as usize, i);
-            prop_assert!(uuids.contains(&d.uuid));
-        }
-        prop_assert_eq!(
-            gpufence::quota::Quota::parse(&q.render()).unwrap(),
-            q.clone()
-        );
-        let nvd = p
-            .edits
-            .env
-            .iter()
-            .find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
-            .unwrap();
-        for u in nvd.split(',') {
-            prop_assert!(uuids.contains(u));
-        }
-    }
+    check_plan(p, &inventory());
     Ok(())
 }
 
