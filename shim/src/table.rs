@@ -108,8 +108,8 @@ pub fn insert(kind: Kind, handle: u64, val: u64) -> bool {
     false
 }
 
-/// Remove `handle` and return its value.
-pub fn take(kind: Kind, handle: u64) -> Option<u64> {
+/// The live entry holding `handle`'s key, if any (probing stops at an empty slot).
+fn find(kind: Kind, handle: u64) -> Option<(&'static Entry, u64)> {
     let t = table()?;
     let k = key(kind, handle);
     let s = start(k);
@@ -120,35 +120,25 @@ pub fn take(kind: Kind, handle: u64) -> Option<u64> {
             return None;
         }
         if cur == k {
-            let v = e.val.load(Ordering::Acquire);
-            if e.key
-                .compare_exchange(k, TOMB, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return Some(v);
-            }
-            return None;
+            return Some((e, k));
         }
     }
     None
 }
 
+/// Remove `handle` and return its value.
+pub fn take(kind: Kind, handle: u64) -> Option<u64> {
+    let (e, k) = find(kind, handle)?;
+    let v = e.val.load(Ordering::Acquire);
+    e.key
+        .compare_exchange(k, TOMB, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+        .then_some(v)
+}
+
 /// Look `handle` up without removing it.
 pub fn get(kind: Kind, handle: u64) -> Option<u64> {
-    let t = table()?;
-    let k = key(kind, handle);
-    let s = start(k);
-    for i in 0..MAX_PROBE {
-        let e = &t[(s + i) & (CAP - 1)];
-        let cur = e.key.load(Ordering::Acquire);
-        if cur == 0 {
-            return None;
-        }
-        if cur == k {
-            return Some(e.val.load(Ordering::Acquire));
-        }
-    }
-    None
+    find(kind, handle).map(|(e, _)| e.val.load(Ordering::Acquire))
 }
 
 /// Pack a charge: quota device index and bytes.
