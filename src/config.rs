@@ -53,6 +53,10 @@ pub struct Config {
     pub shim: ShimConfig,
     pub log: LogConfig,
     pub gpushare: GpushareConfig,
+    /// `quota.backend`: how memory quotas are enforced (shim, driver, both, auto).
+    pub quota: QuotaConfig,
+    /// `sharing.mps`: GPUs shared through MPS control daemons.
+    pub sharing: SharingConfig,
     /// Where this file was read from (not a key).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -72,6 +76,8 @@ impl Default for Config {
             shim: ShimConfig::default(),
             log: LogConfig::default(),
             gpushare: GpushareConfig::default(),
+            quota: QuotaConfig::default(),
+            sharing: SharingConfig::default(),
             source: None,
         }
     }
@@ -256,6 +262,9 @@ impl Default for GpushareConfig {
     }
 }
 
+pub use crate::backend::config::{QuotaBackend, QuotaConfig};
+pub use crate::mps::config::{MpsConfig, SharingConfig};
+
 impl Config {
     /// Parse a configuration from TOML text; `path` only names the input in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
@@ -305,6 +314,7 @@ impl Config {
                 });
             }
         }
+        self.sharing.validate(&path)?;
         const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
         let level_ok = LEVELS.contains(&self.log.level.to_ascii_lowercase().as_str())
             || (self.log.level.contains('=')

@@ -11,12 +11,14 @@
 //! Side effects live at the edges; the middle is unit-testable.
 
 pub mod allocation;
+pub mod backend;
 pub mod cdi;
 pub mod config;
 pub mod exit;
 pub mod hook;
 pub mod inventory;
 pub mod logging;
+pub mod mps;
 pub mod plan;
 pub mod quantity;
 pub mod quota;

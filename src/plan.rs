@@ -75,6 +75,15 @@ pub struct Plan {
     pub env_overrides: Vec<String>,
     /// Human-readable notes about decisions (e.g. which env was neutralised and why).
     pub notes: Vec<String>,
+    /// Per device: where its memory quota is enforced (`shim`, `driver`, `both`, `none`).
+    #[serde(default)]
+    pub memory_backends: Vec<crate::backend::DeviceBackend>,
+    /// Limits the createRuntime hook sets through NVML on the container's cgroup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub driver_limits: Vec<crate::backend::DriverLimit>,
+    /// MPS sharing (daemon pipe and shm, client limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<crate::mps::MpsPlan>,
 }
 
 impl Plan {
@@ -297,7 +306,7 @@ pub fn plan(
         }
 
         // The quota and the files the apply step writes.
-        let quota = crate::quota::Quota {
+        let mut quota = crate::quota::Quota {
             oversubscribe: alloc.oversubscribe,
             devices: alloc
                 .devices
@@ -311,6 +320,22 @@ pub fn plan(
                 })
                 .collect(),
         };
+        // Memory backends (shim, driver, both) and MPS: their own modules, pure.
+        let backends = crate::backend::decide(&alloc, inventory, config)?;
+        crate::backend::shim_quota(&mut quota, &backends);
+        plan.driver_limits = crate::backend::driver_limits(&alloc, &backends);
+        if !plan.driver_limits.is_empty() {
+            edits
+                .hooks
+                .push(crate::backend::limits_hook(config, &plan.driver_limits));
+        }
+        plan.memory_backends = backends;
+        if let Some(m) = crate::mps::plan(spec, &alloc, inventory, config)? {
+            let (mounts, env) = crate::mps::edits(&m);
+            edits.mounts.extend(mounts);
+            edits.env.extend(env);
+            plan.mps = Some(m);
+        }
         plan.host_files.push(HostFile {
             path: quota_host,
             contents: quota.render(),
@@ -591,6 +616,7 @@ mod tests {
             }],
             control_nodes: vec![node("/dev/nvidiactl", 255)],
             driver_files: vec![],
+            memory_limits: Default::default(),
         }
     }
 

@@ -54,10 +54,17 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     for e in &cdi_errors {
         tracing::warn!(container = %id, error = %e, "CDI spec ignored");
     }
-    let plan = crate::plan::plan(&spec, &id, &inv, &cfg, &specs).map_err(|e| {
+    let mut plan = crate::plan::plan(&spec, &id, &inv, &cfg, &specs).map_err(|e| {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
+    if let Some(m) = plan.mps.as_mut() {
+        let notes = crate::mps::probe(&cfg, m).map_err(|e| {
+            tracing::warn!(container = %id, error = %e, "MPS refused");
+            Exit::env(format!("container {id}: {e}"))
+        })?;
+        plan.notes.extend(notes);
+    }
     tracing::info!(
         container = %id,
         devices = plan.allocation.as_ref().map_or(0, |a| a.devices.len()),
@@ -186,6 +193,34 @@ pub fn render(p: &Plan) -> String {
                 fmt_mem(d.memory),
                 d.cores
                     .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
+            );
+        }
+    }
+    if !p.memory_backends.is_empty() {
+        let _ = writeln!(s, "memory quota enforced by:");
+        for b in &p.memory_backends {
+            let _ = writeln!(
+                s,
+                "  device {} {}  {}  ({})",
+                b.ordinal,
+                b.uuid,
+                b.backend.name(),
+                b.why
+            );
+        }
+    }
+    if let Some(m) = &p.mps {
+        let _ = writeln!(
+            s,
+            "MPS ({}): daemon pipe {} -> {}, shm {} -> /dev/shm",
+            m.requested_by, m.pipe_dir, m.container_pipe_dir, m.shm_dir
+        );
+        if let Some(d) = &m.defaults {
+            let _ = writeln!(
+                s,
+                "  daemon defaults: active thread percentage {}, pinned memory limits {}",
+                d.active_thread_percentage,
+                d.pinned_mem_limits.join(",")
             );
         }
     }

@@ -73,12 +73,13 @@ pub const ANN_OVERSUBSCRIBE: &str = "gpufence.dev/oversubscribe";
 pub const ANN_CAPABILITIES: &str = "gpufence.dev/capabilities";
 /// Every `gpufence.dev/*` annotation gpufence knows; any other key under the prefix is refused,
 /// so that a typo (`gpufence.dev/memroy`) never silently drops a limit.
-pub const KNOWN_ANNOTATIONS: [&str; 5] = [
+pub const KNOWN_ANNOTATIONS: [&str; 6] = [
     ANN_DEVICES,
     ANN_MEMORY,
     ANN_CORES,
     ANN_OVERSUBSCRIBE,
     ANN_CAPABILITIES,
+    crate::mps::ANN_SHARING,
 ];
 pub const ANN_PREFIX: &str = "gpufence.dev/";
 

@@ -1,4 +1,4 @@
-//! `gpufence hook prestart|create-runtime|poststop|install|update-ldcache`.
+//! `gpufence hook prestart|create-runtime|poststop|install|update-ldcache|memory-limits`.
 use std::path::{Path, PathBuf};
 
 use crate::exit::Exit;
@@ -23,6 +23,13 @@ pub enum Cmd {
         #[arg(long, value_parser = ["prestart", "createRuntime"], default_value = "prestart")]
         stage: String,
     },
+    /// createRuntime hook (state JSON on stdin): set NVML memory limits on the container's
+    /// cgroup (quota.backend driver/both); refuses the container when they cannot be set.
+    MemoryLimits {
+        /// `GPU-<uuid>=<bytes>`; repeatable.
+        #[arg(long = "limit")]
+        limit: Vec<String>,
+    },
     /// createContainer hook: refresh the container's ld cache.
     UpdateLdcache {
         /// Directory (inside the container) holding mounted driver libraries; repeatable.
@@ -44,6 +51,9 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
         Cmd::UpdateLdcache { folder } => super::ldcache::run(config, &folder),
+        Cmd::MemoryLimits { limit } => {
+            crate::backend::apply::hook_main(config, &limit, &mut std::io::stdin().lock())
+        }
     }
 }
 

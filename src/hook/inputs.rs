@@ -69,6 +69,7 @@ fn empty_inventory() -> Inventory {
         gpus: Vec::new(),
         control_nodes: Vec::new(),
         driver_files: Vec::new(),
+        memory_limits: Default::default(),
     }
 }
 

@@ -258,6 +258,21 @@ fn enforce_plan(
         let widened = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
         info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs_widened = widened, "v2 device gate attached");
     }
+    if !plan.driver_limits.is_empty() {
+        let (spec, _) = state::read_config(&st.bundle)?;
+        let ns = crate::backend::apply::container_namespace(pid, &spec, id)
+            .map_err(|e| HookError::Plan(e.to_string()))?;
+        let mut lib = crate::backend::nvml::Nvml::open(&cfg.nvml_library)
+            .map_err(|e| HookError::Plan(e.to_string()))?;
+        crate::backend::apply::apply(
+            cfg,
+            id,
+            &ns.display().to_string(),
+            &plan.driver_limits,
+            &mut lib,
+        )
+        .map_err(|e| HookError::Plan(e.to_string()))?;
+    }
     caps::restrict(caps::IN_NAMESPACE)?;
     let prepared = apply::Prepared {
         nodes,
@@ -363,6 +378,7 @@ pub fn poststop(config: Option<&Path>, stdin: &mut impl Read) -> Result<(), Exit
     }
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
+    crate::backend::apply::clear_at_exit(&cfg, &m.id);
     let d = cfg.container_state_dir(&m.id);
     match std::fs::remove_dir_all(&d) {
         Ok(()) => {

@@ -16,7 +16,7 @@ use super::{Inventory, InventoryError};
 use crate::config::Config;
 
 pub const CACHE_FILE: &str = "inventory.json";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// What the cached inventory was taken from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +183,7 @@ mod tests {
             gpus: Vec::new(),
             control_nodes: Vec::new(),
             driver_files: Vec::new(),
+            memory_limits: Default::default(),
         }
     }
 

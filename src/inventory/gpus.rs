@@ -94,6 +94,7 @@ pub(super) fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
         gpus,
         control_nodes: Vec::new(),
         driver_files: Vec::new(),
+        memory_limits: Default::default(),
     })
 }
 

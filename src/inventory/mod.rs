@@ -50,6 +50,7 @@ pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
     let mut inv = gpus::scan(cfg)?;
     inv.control_nodes = files::control_nodes(cfg)?;
     inv.driver_files = files::driver_files(cfg, &inv.driver_version);
+    inv.memory_limits = crate::backend::probe(cfg, &inv);
     Ok(inv)
 }
 
@@ -115,6 +116,9 @@ pub struct Inventory {
     pub control_nodes: Vec<DeviceNode>,
     /// Driver files found under `driver-root`.
     pub driver_files: Vec<DriverFile>,
+    /// Driver memory limits (NVML R615) and the cgroup layout: what `quota.backend = auto` reads.
+    #[serde(default)]
+    pub memory_limits: crate::backend::DriverSupport,
 }
 
 /// One physical GPU.

@@ -128,6 +128,11 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         }
         tracing::warn!(container = id, error = %inv, "inventory unavailable; container has no allocation");
     }
+    if let Some(m) = plan.mps.as_mut() {
+        let notes =
+            crate::mps::probe(cfg, m).map_err(|e| Exit::env(format!("container {id}: {e}")))?;
+        plan.notes.extend(notes);
+    }
     log_decision(id, &plan);
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
@@ -195,8 +200,16 @@ fn log_decision(id: &str, plan: &Plan) {
                     )
                 })
                 .collect();
+            let backends: Vec<String> = plan
+                .memory_backends
+                .iter()
+                .map(|b| format!("{}:{}", b.ordinal, b.backend.name()))
+                .collect();
             tracing::info!(
                 container = id,
+                memory_backends = ?backends,
+                mps = plan.mps.as_ref().map_or("no", |m| m.requested_by.as_str()),
+                notes = ?plan.notes,
                 dialects = ?dialects,
                 devices = ?devices,
                 quotas = ?quotas,
@@ -225,6 +238,7 @@ fn empty_inventory() -> crate::inventory::Inventory {
         gpus: Vec::new(),
         control_nodes: Vec::new(),
         driver_files: Vec::new(),
+        memory_limits: Default::default(),
     }
 }
 
@@ -471,7 +485,8 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         return Err(exec(rt, rest));
     };
     let dir = cfg.container_state_dir(id);
-    if std::fs::symlink_metadata(&dir).is_err() {
+    let limits = crate::backend::apply::record_path(cfg, id);
+    if std::fs::symlink_metadata(&dir).is_err() && std::fs::symlink_metadata(&limits).is_err() {
         // Nothing of ours to clean up (no GPU, or already removed): plain exec.
         return Err(exec(rt, rest));
     }
@@ -484,6 +499,8 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
     });
     if code == 0 || !container_exists(parsed, cfg, id) {
+        crate::logging::init(cfg);
+        crate::backend::apply::clear_at_exit(cfg, id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -123,6 +123,7 @@ pub fn inventory() -> Inventory {
                 Capability::Compute,
             ),
         ],
+        memory_limits: Default::default(),
     }
 }
 
