@@ -18,6 +18,7 @@
 //!                                          stand-in libraries of every capability,
 //!                                          gpufence-mock-node.json
 //! DIR/driver/usr/bin/nvidia-smi            prints each GPU's memory through NVML (dlopen)
+//! DIR/driver/usr/bin/nvidia-cuda-mps-control  mock MPS control daemon and client (gpufence_mock_node::mps)
 //! DIR/driver/lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
 //! DIR/node.json                            the node description (GPUFENCE_MOCK_NODE format)
 //! DIR/state/                               gpufence state-dir
@@ -245,6 +246,8 @@ pub struct Artifacts {
     pub mock_nvml: PathBuf,
     pub mock_cuda: PathBuf,
     pub nvidia_smi: PathBuf,
+    /// Mock `nvidia-cuda-mps-control`.
+    pub mps_control: PathBuf,
     pub gpufence: PathBuf,
     pub shim: PathBuf,
 }
@@ -255,6 +258,7 @@ impl Artifacts {
             mock_nvml: dir.join("libgpufence_mock_nvml.so"),
             mock_cuda: dir.join("libgpufence_mock_cuda.so"),
             nvidia_smi: dir.join("gpufence-mock-nvidia-smi"),
+            mps_control: dir.join("gpufence-mock-mps-control"),
             gpufence: dir.join("gpufence"),
             shim: dir.join("libgpufence.so"),
         }
@@ -352,6 +356,11 @@ pub fn build_node(dir: &Path, spec: &NodeSpec, art: &Artifacts) -> Result<PathBu
     let bin = driver.join("usr/bin");
     std::fs::create_dir_all(&bin).map_err(io(&bin))?;
     install(&art.nvidia_smi, &bin.join("nvidia-smi"), 0o755)?;
+    install(
+        &art.mps_control,
+        &bin.join("nvidia-cuda-mps-control"),
+        0o755,
+    )?;
     let fw = driver.join(format!("lib/firmware/nvidia/{v}"));
     for f in ["gsp_ga10x.bin", "gsp_tu10x.bin"] {
         write(&fw.join(f), format!("simulated GSP firmware {f} {v}\n"))?;

@@ -61,9 +61,13 @@ struct State {
     allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
     next_ptr: AtomicU64,
     next_handle: AtomicU64,
+    /// Driver memory limits and MPS client limits (limits.rs).
+    limits: limits::Limits,
 }
 
 static STATE: OnceLock<Result<State, String>> = OnceLock::new();
+
+mod limits;
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -150,6 +154,7 @@ fn build_state() -> Result<State, String> {
         }
         all = picked;
     }
+    let limits = limits::build(&node, all.iter().map(|d| d.0.as_str()));
     let devices = all
         .into_iter()
         .map(|(uuid, name, total)| Device {
@@ -165,6 +170,7 @@ fn build_state() -> Result<State, String> {
         allocs: Mutex::new(HashMap::new()),
         next_ptr: AtomicU64::new(0x7f00_0000_0000),
         next_handle: AtomicU64::new(0x10_0000),
+        limits,
     })
 }
 
@@ -189,8 +195,12 @@ fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
             u.checked_add(bytes).filter(|n| *n <= d.total)
         })
-        .map(|_| ())
-        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    if !limits::charge(&s.limits, dev, bytes) {
+        d.used.fetch_sub(bytes, Ordering::AcqRel);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
 }
 
 fn record(s: &State, kind: Kind, handle: u64, dev: usize, bytes: u64) {
@@ -213,6 +223,7 @@ fn release(kind: Kind, handle: u64) -> CUresult {
         Some((dev, bytes)) => {
             if let Some(d) = s.devices.get(dev) {
                 d.used.fetch_sub(bytes, Ordering::AcqRel);
+                limits::release(&s.limits, dev, bytes);
             }
             CUDA_SUCCESS
         }
@@ -357,13 +368,13 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         let s = tri!(state());
         tri!(device(s, dev));
         let v = match attrib {
-            1 => 1024, // MAX_THREADS_PER_BLOCK
-            10 => 32,  // WARP_SIZE
-            16 => 132, // MULTIPROCESSOR_COUNT
-            75 => 9,   // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,   // COMPUTE_CAPABILITY_MINOR
-            115 => 1,  // MEMORY_POOLS_SUPPORTED
-            102 => 1,  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            1 => 1024,                              // MAX_THREADS_PER_BLOCK
+            10 => 32,                               // WARP_SIZE
+            16 => limits::sm_count(&s.limits, 132), // MULTIPROCESSOR_COUNT
+            75 => 9,                                // COMPUTE_CAPABILITY_MAJOR
+            76 => 0,                                // COMPUTE_CAPABILITY_MINOR
+            115 => 1,                               // MEMORY_POOLS_SUPPORTED
+            102 => 1,                               // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             _ => 0,
         };
         unsafe { put(pi, v) }

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod memlimits;
+pub mod mps;
+
 pub const ENV: &str = "GPUFENCE_MOCK_NODE";
 pub const FILE_NAME: &str = "gpufence-mock-node.json";
 
@@ -25,6 +28,10 @@ pub struct Node {
     /// Root under which `/dev/nvidia*` are checked for visibility (default `/`).
     #[serde(default)]
     pub dev_root: Option<String>,
+    /// The driver supports NVML memory limits (R615); per-cgroup state kept in this directory
+    /// (see `memlimits`). Absent: `nvmlDeviceSetMemoryLimits_v1` is not supported.
+    #[serde(default)]
+    pub memory_limits_dir: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -51,6 +51,8 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+mod memlimits;
+
 fn debug(msg: &str) {
     if std::env::var_os("GPUFENCE_MOCK_NVML_DEBUG").is_some() {
         eprintln!("mock-nvml: {msg}");
