@@ -181,6 +181,10 @@ pub fn clear_recorded<L: MemoryLimits>(
             Ok(()) => {
                 info!(container = id, gpu = %u, cgroup = %r.namespace, "driver memory limit cleared")
             }
+            Err(_) if !Path::new(&r.namespace).exists() => {
+                // runc removed the cgroup, and the driver dropped its limits with it.
+                info!(container = id, gpu = %u, cgroup = %r.namespace, "cgroup removed: its driver memory limit went with it");
+            }
             Err(e) => {
                 warn!(container = id, gpu = %u, error = %e, "clearing the driver memory limit failed");
                 first_err.get_or_insert(e);

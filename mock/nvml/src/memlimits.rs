@@ -8,7 +8,8 @@
 //! Errors as the real library documents them: `NOT_SUPPORTED` when the node file has no
 //! `memory_limits_dir` (a driver before R615) or for a MIG handle, `NO_PERMISSION` for a
 //! non-root caller of the setter, `INVALID_ARGUMENT` for a null struct or a nameSpace that is not
-//! a directory of the host's cgroup2 hierarchy.
+//! a directory of the host's cgroup2 hierarchy (clearing the limits of a removed cgroup is
+//! accepted: the driver drops a cgroup's limits with the cgroup).
 
 use std::ffi::{CStr, c_char};
 use std::path::{Path, PathBuf};
@@ -51,7 +52,7 @@ fn cgroup2_root() -> Option<PathBuf> {
 }
 
 /// The cgroup path (inside the v2 hierarchy) of a sysfs `nameSpace`.
-fn cgroup_of(ns: *const c_char) -> Option<String> {
+fn cgroup_of(ns: *const c_char, must_exist: bool) -> Option<String> {
     if ns.is_null() {
         return None;
     }
@@ -62,7 +63,7 @@ fn cgroup_of(ns: *const c_char) -> Option<String> {
     if rel
         .components()
         .any(|c| c == std::path::Component::ParentDir)
-        || !Path::new(ns).is_dir()
+        || (must_exist && !Path::new(ns).is_dir())
     {
         return None;
     }
@@ -99,7 +100,10 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
         }
         // SAFETY: non-null pointer to the caller's struct.
         let l = unsafe { &*limits };
-        let Some(cg) = cgroup_of(l.nameSpace) else {
+        // Clearing the limits of a cgroup that is already gone is accepted (its limits went
+        // with it); setting needs the cgroup.
+        let clearing = l.softLimit == 0 && l.hardLimit == LIMIT_MAX;
+        let Some(cg) = cgroup_of(l.nameSpace, !clearing) else {
             return NVML_ERROR_INVALID_ARGUMENT;
         };
         if l.softLimit > l.hardLimit {
@@ -129,7 +133,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
         }
         // SAFETY: non-null pointer to the caller's struct.
         let l = unsafe { &mut *limits };
-        let Some(cg) = cgroup_of(l.nameSpace) else {
+        let Some(cg) = cgroup_of(l.nameSpace, true) else {
             return NVML_ERROR_INVALID_ARGUMENT;
         };
         let (soft, hard) = memlimits::get_limit(&dir, &cg, &g.uuid).unwrap_or((0, LIMIT_MAX));
