@@ -89,8 +89,17 @@ fn daemon(background: bool) -> i32 {
         match unsafe { libc::fork() } {
             -1 => return 1,
             0 => {
-                // SAFETY: setsid has no preconditions.
-                unsafe { libc::setsid() };
+                // SAFETY: setsid has no preconditions; dup2 onto the standard descriptors of
+                // /dev/null detaches the daemon from its caller's pipes.
+                unsafe {
+                    libc::setsid();
+                    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                    if null >= 0 {
+                        for fd in 0..3 {
+                            libc::dup2(null, fd);
+                        }
+                    }
+                }
             }
             _ => return 0,
         }
