@@ -91,6 +91,9 @@ pub fn expected_path(
         if name.is_empty() {
             return Err(bad("systemd form is slice:prefix:name"));
         }
+        if prefix.contains('/') || name.contains('/') {
+            return Err(bad("a systemd unit name has no `/`"));
+        }
         let slice = if slice.is_empty() {
             "system.slice"
         } else {
@@ -185,6 +188,8 @@ mod tests {
         );
         assert!(expected_path(Some("a--b.slice:p:n"), "/", "x", true).is_err());
         assert!(expected_path(Some("nota:p:"), "/", "x", true).is_err());
+        assert!(expected_path(Some("s.slice::../x"), "/", "x", true).is_err());
+        assert!(expected_path(Some("s.slice:a/b:x"), "/", "x", true).is_err());
     }
 
     #[test]
@@ -220,6 +225,7 @@ mod tests {
                 if let Ok(x) = expected_path(Some(&p), &own, "id", systemd) {
                     proptest::prop_assert!(x.starts_with('/'));
                     proptest::prop_assert!(!x.split('/').any(|c| c == ".."));
+                    proptest::prop_assert!(!x.contains("//"), "{}", x);
                 }
             }
         }

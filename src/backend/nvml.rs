@@ -13,7 +13,7 @@
 //! ```
 //! Clearing is soft 0, hard `NVML_DEVICE_MEMORY_LIMIT_MAX` (all ones).
 
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
 
 /// `NVML_DEVICE_MEMORY_LIMIT_MAX`: no hard limit.
 pub const LIMIT_MAX: u64 = u64::MAX;
@@ -175,6 +175,25 @@ impl Drop for Nvml {
     }
 }
 
+impl Nvml {
+    /// Resolve the device, build the nameSpace string, run `f(device, nameSpace)` (one NVML
+    /// call), and map its return code.
+    fn call(
+        &self,
+        name: &'static str,
+        uuid: &str,
+        namespace: &str,
+        f: impl FnOnce(Device, *const c_char) -> c_int,
+    ) -> Result<(), NvmlCallError> {
+        let d = self.device(uuid)?;
+        let ns = CString::new(namespace).map_err(|_| self.err(name, uuid, 2))?;
+        match f(d, ns.as_ptr()) {
+            0 => Ok(()),
+            r => Err(self.err(name, uuid, r)),
+        }
+    }
+}
+
 impl MemoryLimits for Nvml {
     fn set(
         &mut self,
@@ -183,42 +202,36 @@ impl MemoryLimits for Nvml {
         soft: u64,
         hard: u64,
     ) -> Result<(), NvmlCallError> {
-        let d = self.device(uuid)?;
-        let ns = CString::new(namespace)
-            .map_err(|_| self.err("nvmlDeviceSetMemoryLimits_v1", uuid, 2))?;
-        let mut l = SetMemoryLimitsV1 {
-            name_space: ns.as_ptr(),
-            soft_limit: soft,
-            hard_limit: hard,
-        };
-        // SAFETY: d is a handle from NVML; l points at a live struct whose nameSpace outlives
-        // the call.
-        let r = unsafe { (self.set_fn)(d, &mut l) };
-        if r != 0 {
-            return Err(self.err("nvmlDeviceSetMemoryLimits_v1", uuid, r));
-        }
-        Ok(())
+        let set_fn = self.set_fn;
+        self.call("nvmlDeviceSetMemoryLimits_v1", uuid, namespace, |d, ns| {
+            let mut l = SetMemoryLimitsV1 {
+                name_space: ns,
+                soft_limit: soft,
+                hard_limit: hard,
+            };
+            // SAFETY: d is a handle from NVML; l is a live struct whose nameSpace outlives the
+            // call.
+            unsafe { set_fn(d, &mut l) }
+        })
     }
 
     fn get(&mut self, uuid: &str, namespace: &str) -> Result<Limits, NvmlCallError> {
-        let d = self.device(uuid)?;
-        let ns = CString::new(namespace)
-            .map_err(|_| self.err("nvmlDeviceGetMemoryLimits_v1", uuid, 2))?;
-        let mut l = GetMemoryLimitsV1 {
-            name_space: ns.as_ptr(),
+        let get_fn = self.get_fn;
+        let mut out = GetMemoryLimitsV1 {
+            name_space: std::ptr::null(),
             soft_limit: 0,
             hard_limit: 0,
             current_used: 0,
         };
-        // SAFETY: as in `set`.
-        let r = unsafe { (self.get_fn)(d, &mut l) };
-        if r != 0 {
-            return Err(self.err("nvmlDeviceGetMemoryLimits_v1", uuid, r));
-        }
+        self.call("nvmlDeviceGetMemoryLimits_v1", uuid, namespace, |d, ns| {
+            out.name_space = ns;
+            // SAFETY: as in `set`.
+            unsafe { get_fn(d, &mut out) }
+        })?;
         Ok(Limits {
-            soft: l.soft_limit,
-            hard: l.hard_limit,
-            used: l.current_used,
+            soft: out.soft_limit,
+            hard: out.hard_limit,
+            used: out.current_used,
         })
     }
 }
@@ -260,9 +273,5 @@ impl MemoryLimits for Recording {
     }
 }
 
-#[allow(dead_code)]
 const _: () = assert!(std::mem::size_of::<SetMemoryLimitsV1>() == 24);
-#[allow(dead_code)]
 const _: () = assert!(std::mem::size_of::<GetMemoryLimitsV1>() == 32);
-#[allow(dead_code)]
-const _UNUSED: c_uint = 0;

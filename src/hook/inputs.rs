@@ -44,7 +44,7 @@ pub fn plan(
         Err(e) => (empty_inventory(), Some(e)),
     };
     let specs = crate::runtime::load_cdi_specs(spec);
-    let plan = match crate::plan::plan(spec, id, &inv, cfg, &specs) {
+    let mut plan = match crate::plan::plan(spec, id, &inv, cfg, &specs) {
         Ok(p) => p,
         Err(e) => {
             return Err(match inventory_error {
@@ -58,6 +58,10 @@ pub fn plan(
             return Err(e);
         }
         warn!(container = id, error = %e, "inventory unavailable; container has no allocation");
+    }
+    if let Some(m) = plan.mps.as_mut() {
+        let notes = crate::mps::probe(cfg, m).map_err(|e| HookError::Plan(e.to_string()))?;
+        plan.notes.extend(notes);
     }
     Ok((plan, inventory_majors(&inv)))
 }

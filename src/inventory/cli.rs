@@ -90,6 +90,22 @@ pub fn render(inv: &Inventory) -> String {
             );
         }
     }
+    let ml = &inv.memory_limits;
+    let _ = writeln!(
+        s,
+        "Driver memory limits (quota.backend driver): cgroup {}, NVML {}, GPUs {}",
+        ml.cgroup.name(),
+        if ml.nvml_exports {
+            "exports nvmlDeviceSetMemoryLimits_v1"
+        } else {
+            "without nvmlDeviceSetMemoryLimits_v1"
+        },
+        if ml.gpus.is_empty() {
+            "none".to_string()
+        } else {
+            ml.gpus.join(",")
+        }
+    );
     let _ = writeln!(s, "Device nodes:");
     for n in &inv.control_nodes {
         let _ = writeln!(
