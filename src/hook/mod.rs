@@ -136,6 +136,12 @@ fn enforce_state(
         stage = stage.name(),
         devices = plan.edits.device_nodes.len(),
         mounts = plan.edits.mounts.len(),
+        memory_backends = ?plan
+            .memory_backends
+            .iter()
+            .map(|b| format!("{}:{}", b.ordinal, b.backend.name()))
+            .collect::<Vec<_>>(),
+        mps = plan.mps.is_some(),
         "enforcing plan"
     );
     if applied_by_runtime(&spec, &cfg.container_state_dir(id)) {
