@@ -83,13 +83,15 @@ pub fn container_namespace(
         .get("linux")
         .and_then(|l| l.get("cgroupsPath"))
         .and_then(|p| p.as_str());
-    let expected = super::cgroup::expected_path(
-        cgroups_path,
-        super::cgroup::v2_member(&own).unwrap_or("/"),
-        id,
-        false,
-    )?;
-    if actual != expected {
+    // A relative (or empty) cgroupsPath is below the runtime's cgroup — runc's cgroup v2 manager
+    // takes the parent of its own cgroup (a process may only sit in a leaf), the v1 one its own.
+    let own = super::cgroup::v2_member(&own).unwrap_or("/");
+    let parent = Path::new(own)
+        .parent()
+        .map_or("/".to_string(), |p| p.display().to_string());
+    let expected = super::cgroup::expected_path(cgroups_path, own, id, false)?;
+    let from_parent = super::cgroup::expected_path(cgroups_path, &parent, id, false)?;
+    if actual != expected && actual != from_parent {
         return Err(BackendError::Mismatch {
             actual: actual.to_string(),
             expected,
