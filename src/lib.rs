@@ -12,6 +12,7 @@
 
 pub mod allocation;
 pub mod cdi;
+pub mod cdigen;
 pub mod config;
 pub mod exit;
 pub mod hook;
