@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod cli;
-
 use crate::cdi::ContainerEdits;
 use crate::config::Dialect;
 use crate::inventory::Capability;

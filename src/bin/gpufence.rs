@@ -26,7 +26,7 @@ enum Cmd {
     #[command(subcommand)]
     Cdi(gpufence::cdigen::cli::Cmd),
     /// Dry run: the normalised allocation and the edits the runtime would make.
-    Plan(gpufence::allocation::cli::Args),
+    Plan(gpufence::plan::cli::Args),
     /// OCI hook entry points for CRI-O / podman hooks.d.
     #[command(subcommand)]
     Hook(gpufence::hook::cli::Cmd),
@@ -41,7 +41,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Inventory(a) => gpufence::inventory::cli::run(config, a),
         Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
-        Cmd::Plan(a) => gpufence::allocation::cli::run(config, a),
+        Cmd::Plan(a) => gpufence::plan::cli::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
     };

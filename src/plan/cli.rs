@@ -111,7 +111,7 @@ pub fn render(p: &Plan) -> String {
                 let _ = writeln!(
                     s,
                     "  [{i}] {}  memory {}  cores {}",
-                    super::devices::describe(&d.device, &d.uuid),
+                    crate::allocation::devices::describe(&d.device, &d.uuid),
                     fmt_mem(d.memory_limit),
                     d.cores
                         .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
