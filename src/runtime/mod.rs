@@ -18,6 +18,7 @@ use std::process::Command;
 use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
+use crate::plan::intake::{CdiSource, IntakeError};
 
 pub mod apply;
 pub mod args;
@@ -102,32 +103,23 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         .map_err(|e| Exit::invalid(format!("{}: {e}", config_path.display())))?;
 
     crate::logging::init(cfg);
-    if let Some(kind) = sandbox_kind(&spec) {
-        // Pod annotations reach the sandbox (pause) container too; it never gets a GPU.
-        tracing::info!(container = id, kind, "pod sandbox: no GPU, spec untouched");
+    let intake = crate::plan::intake::intake(
+        cfg,
+        &spec,
+        id,
+        // The cache under `state-dir`; NVML is initialised only when the cache is missing or the
+        // node changed (and the result is cached).
+        |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+        &CdiSource::default(),
+    )
+    .map_err(|e| match e {
+        IntakeError::Allocation { .. } => Exit::invalid(e),
+        IntakeError::Inventory { .. } => Exit::env(e),
+    })?;
+    if intake.sandbox.is_some() {
         return Ok(());
     }
-
-    let (inventory, inventory_error) = match load_inventory(cfg) {
-        Ok(inv) => (inv, None),
-        Err(e) => (empty_inventory(), Some(e)),
-    };
-    let cdi_specs = load_cdi_specs(&spec);
-    let mut plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
-        Ok(p) => p,
-        Err(e) => {
-            return Err(Exit::invalid(match inventory_error {
-                Some(inv) => format!("container {id}: {e} (inventory unavailable: {inv})"),
-                None => format!("container {id}: {e}"),
-            }));
-        }
-    };
-    if let Some(inv) = &inventory_error {
-        if !plan.grants_nothing() {
-            return Err(Exit::env(format!("container {id}: inventory: {inv}")));
-        }
-        tracing::warn!(container = id, error = %inv, "inventory unavailable; container has no allocation");
-    }
+    let mut plan = intake.plan;
     log_decision(id, &plan);
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
@@ -145,21 +137,6 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     Ok(())
-}
-
-/// The CRI annotation marking a pod sandbox (pause) container, if this is one.
-pub(crate) fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
-    let ann = spec.get("annotations")?;
-    let is = |k: &str, v: &str| ann.get(k).and_then(|x| x.as_str()) == Some(v);
-    if is("io.kubernetes.cri.container-type", "sandbox") {
-        Some("containerd")
-    } else if is("io.kubernetes.cri-o.ContainerType", "sandbox") {
-        Some("cri-o")
-    } else if is("io.kubernetes.docker.type", "podsandbox") {
-        Some("dockershim")
-    } else {
-        None
-    }
 }
 
 /// One line per decision: container id, dialects, devices, quotas.
@@ -207,42 +184,6 @@ fn log_decision(id: &str, plan: &Plan) {
             );
         }
     }
-}
-
-/// The inventory from the cache under `state-dir` (NVML is initialised only when the cache is
-/// missing or the node changed, and the result is cached), with device numbers re-read from the
-/// nodes under `dev-root` now.
-fn load_inventory(cfg: &Config) -> Result<crate::inventory::Inventory, String> {
-    let mut inv = crate::inventory::load(cfg).map_err(|e| e.to_string())?;
-    crate::inventory::refresh_device_numbers(&mut inv, cfg).map_err(|e| e.to_string())?;
-    Ok(inv)
-}
-
-fn empty_inventory() -> crate::inventory::Inventory {
-    crate::inventory::Inventory {
-        driver_version: String::new(),
-        cuda_driver_version: 0,
-        gpus: Vec::new(),
-        control_nodes: Vec::new(),
-        driver_files: Vec::new(),
-    }
-}
-
-/// CDI specs from /etc/cdi and /var/run/cdi, read only when the spec names CDI devices (the
-/// only dialect that needs them), so the common create path reads no directories.
-pub(crate) fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
-    let wants_cdi = spec
-        .get("annotations")
-        .and_then(|a| a.as_object())
-        .is_some_and(|a| a.keys().any(|k| k.starts_with("cdi.k8s.io/")));
-    if !wants_cdi {
-        return Vec::new();
-    }
-    let (specs, errors) = crate::cdi::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
-    for e in errors {
-        tracing::warn!(error = %e, "CDI spec skipped");
-    }
-    specs
 }
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).
