@@ -19,8 +19,8 @@ use nix::sys::stat::SFlag;
 use tracing::{info, warn};
 
 use super::HookError;
-use super::mounts::{Attrs, Detached};
-use super::safepath::{Node, Root};
+use crate::enter::mounts::{Attrs, Detached};
+use crate::enter::safepath::{Node, Root};
 use crate::plan::Plan;
 
 /// A validated device node to create in the container.
@@ -51,36 +51,28 @@ pub struct Prepared {
     pub userns_root: Option<(u32, u32)>,
 }
 
-/// Host id that a user namespace maps its id 0 to, from `/proc/<pid>/uid_map` text.
-pub fn root_mapping(map: &str) -> Option<u32> {
-    map.lines().find_map(|l| {
-        let f: Vec<u32> = l
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        (f.len() == 3 && f[0] == 0 && f[2] > 0).then_some(f[1])
-    })
-}
-
 /// For a user-namespaced container: the device nodes as read-write bind mounts of the host
 /// nodes (a node created inside the container's user namespace would not open).
 pub fn nodes_as_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut out = Vec::new();
     for e in &plan.edits.device_nodes {
-        super::safepath::components(&e.path)?;
+        crate::enter::safepath::components(&e.path)?;
         let Some(h) = &e.host_path else {
             return Err(HookError::Plan(format!(
                 "device node {}: no host path to bind-mount into a user-namespaced container",
                 e.path
             )));
         };
-        super::safepath::components(h)?;
+        crate::enter::safepath::components(h)?;
         let attrs = Attrs {
             nosuid: true,
             noexec: true,
             ..Attrs::default()
         };
-        out.push((e.path.clone(), super::mounts::detach(Path::new(h), attrs)?));
+        out.push((
+            e.path.clone(),
+            crate::enter::mounts::detach(Path::new(h), attrs)?,
+        ));
     }
     Ok(out)
 }
@@ -119,7 +111,7 @@ fn dev_kind(
 pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
     let mut out = Vec::new();
     for e in &plan.edits.device_nodes {
-        let comps = super::safepath::components(&e.path)?;
+        let comps = crate::enter::safepath::components(&e.path)?;
         if comps.first() != Some(&"dev") || comps.len() < 2 {
             return Err(HookError::Plan(format!(
                 "device node {:?}: must be under /dev",
@@ -128,7 +120,7 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
         }
         let host = match &e.host_path {
             Some(h) => {
-                super::safepath::components(h)?;
+                crate::enter::safepath::components(h)?;
                 Some(
                     nix::sys::stat::stat(h.as_str()).map_err(|errno| HookError::Host {
                         path: h.clone(),
@@ -172,19 +164,19 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
 pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut edits: Vec<&crate::cdi::MountEdit> = plan.edits.mounts.iter().collect();
     edits.sort_by_key(|m| {
-        super::safepath::components(&m.container_path)
+        crate::enter::safepath::components(&m.container_path)
             .map(|c| c.len())
             .unwrap_or(0)
     });
     let mut out = Vec::new();
     for m in edits {
-        let comps = super::safepath::components(&m.container_path)?;
+        let comps = crate::enter::safepath::components(&m.container_path)?;
         if comps.is_empty() {
             return Err(HookError::Plan("a mount onto / is not allowed".into()));
         }
-        super::safepath::components(&m.host_path)?;
+        crate::enter::safepath::components(&m.host_path)?;
         let attrs = Attrs::parse(&m.container_path, m.kind.as_deref(), &m.options)?;
-        let d = super::mounts::detach(Path::new(&m.host_path), attrs)?;
+        let d = crate::enter::mounts::detach(Path::new(&m.host_path), attrs)?;
         out.push((m.container_path.clone(), d));
     }
     Ok(out)
@@ -225,7 +217,7 @@ pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError
 /// Refresh the container's ld cache (in its mount namespace, before pivot_root).
 fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
     let ldconfig = PathBuf::from(format!("/proc/self/fd/{}", l.ldconfig.as_raw_fd()));
-    super::ldcache::update(rootfs, &l.folders, &ldconfig)
+    crate::enter::ldcache::update(rootfs, &l.folders, &ldconfig)
         .map_err(|e| HookError::Ldcache(e.to_string()))?;
     info!(container = id, folders = ?l.folders, "ld cache refreshed");
     Ok(())
@@ -342,13 +334,13 @@ fn enter(ns: Namespace) -> Result<(), HookError> {
 
 fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
     enter(ns)?;
-    super::caps::restrict(super::caps::IN_NAMESPACE)?;
+    crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
     let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HookError::Host {
         path: "/proc/self/mountinfo".into(),
         op: "read",
         errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
     })?;
-    let shared = super::mounts::shared_mounts_under(&mi, rootfs);
+    let shared = crate::enter::mounts::shared_mounts_under(&mi, rootfs);
     if !shared.is_empty() {
         return Err(HookError::Plan(format!(
             "mounts under the rootfs propagate to other namespaces (shared: {}); refusing to mount",
@@ -385,7 +377,7 @@ fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(),
         id,
     )?;
     if let Some(l) = ldcache {
-        super::caps::restrict(super::caps::LDCACHE)?;
+        crate::enter::caps::restrict(crate::enter::caps::LDCACHE)?;
         run_ldcache(&l, rootfs, id)?;
     }
     Ok(())
@@ -407,19 +399,4 @@ pub fn log_unapplied(plan: &Plan, id: &str) {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn root_mapping_from_uid_map() {
-        assert_eq!(
-            super::root_mapping("         0     200000      65536\n"),
-            Some(200000)
-        );
-        assert_eq!(
-            super::root_mapping("1000 1000 1\n0 300000 1\n"),
-            Some(300000)
-        );
-        assert_eq!(super::root_mapping("1 100000 65536\n"), None);
-        assert_eq!(super::root_mapping("0 5 0\n"), None);
-        assert_eq!(super::root_mapping(""), None);
-    }
-}
+mod tests {}

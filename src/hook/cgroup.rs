@@ -116,7 +116,7 @@ fn cgroup_dir(m: &CgroupMount, path: &str) -> Result<PathBuf, CgroupError> {
         path.strip_prefix(m.root.as_str())
             .ok_or_else(|| bad("outside the mounted hierarchy"))?
     };
-    let comps = super::safepath::components(if rel.is_empty() { "/" } else { rel })
+    let comps = crate::enter::safepath::components(if rel.is_empty() { "/" } else { rel })
         .map_err(|_| bad("not a clean absolute path"))?;
     if comps.is_empty() {
         return Err(bad("is the root cgroup"));
@@ -307,7 +307,7 @@ mod tests {
         #[test]
         fn mountinfo_parsers_never_panic(text in "[ -~\n]{0,400}") {
             let _ = parse_cgroup_mounts(&text);
-            let _ = super::super::mounts::shared_mounts_under(&text, Path::new("/r"));
+            let _ = crate::enter::mounts::shared_mounts_under(&text, Path::new("/r"));
             let _ = parse_proc_cgroup(&text);
         }
     }

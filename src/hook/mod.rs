@@ -9,14 +9,10 @@
 
 pub mod apply;
 pub mod bpf;
-pub mod caps;
 pub mod cgroup;
 pub mod cli;
 pub mod inputs;
 pub mod install;
-pub mod ldcache;
-pub mod mounts;
-pub mod safepath;
 pub mod state;
 
 use std::io::Read;
@@ -41,9 +37,9 @@ pub enum HookError {
     #[error("plan: {0}")]
     Plan(String),
     #[error(transparent)]
-    Path(#[from] safepath::PathError),
+    Path(#[from] crate::enter::safepath::PathError),
     #[error(transparent)]
-    Mount(#[from] mounts::MountError),
+    Mount(#[from] crate::enter::mounts::MountError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
     #[error("{path}: {op}: {errno}")]
@@ -58,8 +54,8 @@ pub enum HookError {
     HostFiles { code: i32, message: String },
     #[error("ld cache refresh: {0}")]
     Ldcache(String),
-    #[error("capabilities: {0}")]
-    Caps(String),
+    #[error(transparent)]
+    Caps(#[from] crate::enter::caps::CapsError),
 }
 
 impl HookError {
@@ -96,7 +92,7 @@ impl Stage {
 /// The hook entry: state JSON from `stdin`, enforcement, `Exit` on failure.
 pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Result<(), Exit> {
     // Nothing this process does needs more than HOST; drop the rest before reading input.
-    caps::restrict(caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
+    crate::enter::caps::restrict(crate::enter::caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
     let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
         .map_err(|e| Exit::invalid(e.to_string()))?;
     let st = state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))?;
@@ -258,7 +254,7 @@ fn enforce_plan(
         let widened = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
         info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs_widened = widened, "v2 device gate attached");
     }
-    caps::restrict(caps::IN_NAMESPACE)?;
+    crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
     let prepared = apply::Prepared {
         nodes,
         mounts,
@@ -272,31 +268,15 @@ fn enforce_plan(
 
 /// Host uid/gid of the container's root when the container has its own user namespace.
 fn userns_root(pid: i64) -> Result<Option<(u32, u32)>, HookError> {
-    let stat = |p: String| {
-        nix::sys::stat::stat(p.as_str()).map_err(|errno| HookError::Host {
-            path: p.clone(),
-            op: "stat",
-            errno,
-        })
-    };
-    let own = stat("/proc/self/ns/user".into())?;
-    let theirs = stat(format!("/proc/{pid}/ns/user"))?;
-    if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
-        return Ok(None);
-    }
-    let map = |which: &str| -> Result<u32, HookError> {
-        let p = format!("/proc/{pid}/{which}");
-        let text = std::fs::read_to_string(&p).map_err(|e| HookError::Host {
-            path: p.clone(),
-            op: "read",
-            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-        })?;
-        apply::root_mapping(&text).ok_or_else(|| HookError::Namespace {
+    crate::enter::userns::root_of(pid).map_err(|e| match e {
+        crate::enter::userns::UsernsError::Host { path, op, errno } => {
+            HookError::Host { path, op, errno }
+        }
+        e @ crate::enter::userns::UsernsError::Unmapped(_) => HookError::Namespace {
             code: 1,
-            message: format!("{p}: the container's root is not mapped"),
-        })
-    };
-    Ok(Some((map("uid_map")?, map("gid_map")?)))
+            message: e.to_string(),
+        },
+    })
 }
 
 fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
@@ -334,7 +314,8 @@ pub(crate) fn ldcache_run(
     if folders.is_empty() {
         return Ok(None);
     }
-    let path = ldcache::host_ldconfig().map_err(|e| HookError::Ldcache(e.to_string()))?;
+    let path =
+        crate::enter::ldcache::host_ldconfig().map_err(|e| HookError::Ldcache(e.to_string()))?;
     let ldconfig = nix::fcntl::open(
         &path,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,

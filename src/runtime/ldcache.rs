@@ -10,9 +10,9 @@
 //!    ldcache folders (the driver libraries) onto its target inside the rootfs — the same hook
 //!    code as hook mode: sources cloned with `open_tree`, targets created and opened only
 //!    through `openat2(RESOLVE_IN_ROOT)` handles of the rootfs, attached with `move_mount`;
-//! 3. runs the same refresh as `gpufence hook update-ldcache` ([`crate::hook::ldcache::update`]:
+//! 3. runs the same refresh as `gpufence hook update-ldcache` ([`crate::enter::ldcache::update`]:
 //!    in-root `ld.so.conf.d` drop-in, host static `ldconfig -r ROOTFS`, capabilities reduced to
-//!    [`crate::hook::caps::LDCACHE`], non-dumpable), then exits. The mounts vanish with its
+//!    [`crate::enter::caps::LDCACHE`], non-dumpable), then exits. The mounts vanish with its
 //!    namespace; the cache, the drop-in and the soname links stay in the rootfs, and runc later
 //!    bind-mounts the very same files at the very same paths, so the cache is already right.
 //!
