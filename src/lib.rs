@@ -13,6 +13,7 @@
 pub mod allocation;
 pub mod cdi;
 pub mod cdigen;
+pub mod cgroup;
 pub mod config;
 pub mod enter;
 pub mod exit;

@@ -8,8 +8,7 @@
 //! or binaries is used, and any failure aborts the container's creation.
 
 pub mod apply;
-pub mod bpf;
-pub mod cgroup;
+
 pub mod cli;
 pub mod inputs;
 pub mod install;
@@ -41,7 +40,7 @@ pub enum HookError {
     #[error(transparent)]
     Mount(#[from] crate::enter::mounts::MountError),
     #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
+    Cgroup(#[from] crate::cgroup::CgroupError),
     #[error("{path}: {op}: {errno}")]
     Host {
         path: String,
@@ -236,12 +235,12 @@ fn enforce_plan(
             errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         })
     };
-    let cg = cgroup::locate(
+    let cg = crate::cgroup::locate(
         &read(format!("/proc/{pid}/cgroup"))?,
         &read("/proc/self/mountinfo".into())?,
     )?;
     if let Some(v1) = &cg.v1 {
-        cgroup::allow_v1(v1, &plan.cgroup_rules)?;
+        crate::cgroup::allow_v1(v1, &plan.cgroup_rules)?;
         info!(container = id, cgroup = %v1.display(), rules = ?plan.cgroup_rules.iter().map(|r| r.to_string()).collect::<Vec<_>>(), "v1 device rules allowed");
     }
     if let Some(v2) = &cg.v2 {
@@ -250,8 +249,8 @@ fn enforce_plan(
             .iter()
             .copied()
             .chain(plan.cgroup_rules.iter().map(|r| r.major));
-        let majors = cgroup::gated_majors(&proc_devices, extra);
-        let widened = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
+        let majors = crate::cgroup::gated_majors(&proc_devices, extra);
+        let widened = crate::cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
         info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs_widened = widened, "v2 device gate attached");
     }
     crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
