@@ -15,9 +15,8 @@ pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";
 /// Where the quota file appears inside the container.
 pub const CONTAINER_QUOTA_FILE: &str = "/run/gpufence/quota";
 /// The shared accounting region inside the container state directory (the shim's
-/// `region::FILE_NAME`). The host creates it empty and world-read-writable (0666) beside the
-/// quota, so every process of the container, whatever its uid or user namespace, can map it while
-/// the directory itself stays root-owned 0755 (a container user cannot create files on the host).
+/// `region::FILE_NAME`), created by the first shim process in the container's own size-bounded
+/// tmpfs (`state_tmpfs`), never on the host.
 pub const ACCOUNTING_FILE: &str = "accounting";
 /// Where the shim is mounted inside the container.
 pub const CONTAINER_SHIM_PATH: &str = "/usr/lib/gpufence/libgpufence.so";
@@ -216,15 +215,7 @@ pub fn plan(
                 options: RO_BIND.iter().map(|s| s.to_string()).collect(),
             });
         }
-        edits.mounts.push(crate::cdi::MountEdit {
-            host_path: state_dir_s.clone(),
-            container_path: CONTAINER_STATE_DIR.to_string(),
-            kind: None,
-            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        });
+        edits.mounts.push(state_tmpfs(config.shim.is_hami_core()));
         edits.mounts.push(crate::cdi::MountEdit {
             host_path: quota_host.clone(),
             container_path: CONTAINER_QUOTA_FILE.to_string(),
@@ -380,6 +371,10 @@ pub fn plan(
         }
     }
 
+    // Parent-first, so a directory mount never hides one below it (the quota under the state
+    // tmpfs); stable, so equal depths keep their order.
+    edits.mounts.sort_by_key(|m| mount_depth(&m.container_path));
+
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
         .env
@@ -443,14 +438,7 @@ fn check_foreign(
 ) -> Result<(), crate::allocation::AllocationError> {
     let err = |why: String| crate::allocation::AllocationError::new(&f.spec_path, &f.name, why);
     crate::cdi::parse::validate_edits(&f.edits).map_err(err)?;
-    let reserved = |p: &str| {
-        let p = p.trim_end_matches('/');
-        p == CONTAINER_STATE_DIR
-            || p.starts_with(&format!("{CONTAINER_STATE_DIR}/"))
-            || p == CONTAINER_SHIM_PATH
-            || p == "/etc/ld.so.preload"
-            || p.is_empty()
-    };
+    let reserved = |p: &str| is_reserved_destination(p) || p.trim_end_matches('/').is_empty();
     for m in &f.edits.mounts {
         if reserved(&m.container_path) {
             return Err(err(format!(
@@ -474,6 +462,65 @@ fn check_foreign(
         }
     }
     Ok(())
+}
+
+/// Whether a container path is gpufence's to mount: the state directory and anything below it,
+/// the shim, `/etc/ld.so.preload` (and anything below those two). Any other mount there (an
+/// image `VOLUME /run/gpufence/quota`, a foreign CDI edit) is dropped or refused, never
+/// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer.
+pub fn is_reserved_destination(p: &str) -> bool {
+    let norm: Vec<&str> = p
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    [
+        CONTAINER_STATE_DIR,
+        CONTAINER_SHIM_PATH,
+        "/etc/ld.so.preload",
+    ]
+    .iter()
+    .any(|r| {
+        let r: Vec<&str> = r.split('/').filter(|c| !c.is_empty()).collect();
+        norm.len() >= r.len() && norm[..r.len()] == r[..]
+    })
+}
+
+/// Number of path components of a container path (`/run/gpufence` = 2).
+fn mount_depth(p: &str) -> usize {
+    p.split('/').filter(|c| !c.is_empty() && *c != ".").count()
+}
+
+/// Bytes of the per-container tmpfs at `/run/gpufence`: the shim's accounting region (≈ 521 KiB)
+/// with room to spare; HAMi-core's shared cache needs more.
+pub const STATE_TMPFS_SIZE: &str = "1m";
+/// The same for `shim.library` = HAMi-core's `libvgpu.so` (its `vgpu.cache` and lock).
+pub const STATE_TMPFS_SIZE_HAMI: &str = "16m";
+
+/// `/run/gpufence` inside the container: a tmpfs of its own (never the host's state directory),
+/// sized by the host and with inodes for its root, the quota's mount point and one file — the
+/// accounting region, created by the first shim process (mode 1777: whatever its uid). Its pages
+/// are charged to the container's memory cgroup and vanish with its mount namespace; the host
+/// never reads it, so nothing the container plants there is ever followed by a host process.
+pub fn state_tmpfs(hami: bool) -> crate::cdi::MountEdit {
+    let (size, inodes) = if hami {
+        (STATE_TMPFS_SIZE_HAMI, 5)
+    } else {
+        (STATE_TMPFS_SIZE, 3)
+    };
+    crate::cdi::MountEdit {
+        host_path: "tmpfs".to_string(),
+        container_path: CONTAINER_STATE_DIR.to_string(),
+        kind: Some("tmpfs".to_string()),
+        options: [
+            "nosuid".to_string(),
+            "nodev".to_string(),
+            "noexec".to_string(),
+            "mode=1777".to_string(),
+            format!("size={size}"),
+            format!("nr_inodes={inodes}"),
+        ]
+        .to_vec(),
+    }
 }
 
 /// Mount options for driver files and the shim.

@@ -78,8 +78,11 @@ impl Env {
         args: &[&str],
         script: &str,
     ) -> (i32, String, String) {
-        let empty = self.dir.join("no-hooks");
-        std::fs::create_dir_all(&empty).unwrap();
+        self.podman_from(runtime, hooks, args, None, script)
+    }
+
+    /// podman global options for this test's storage, then `sub` (e.g. `["import", …]`).
+    fn podman_base(&self, runtime: &str) -> Command {
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("podman/root"))
@@ -94,8 +97,23 @@ impl Env {
                 "file",
                 "--runtime",
                 runtime,
-                "--hooks-dir",
-            ])
+            ]);
+        cmd
+    }
+
+    /// `podman run` of `image` (None: the busybox `--rootfs`).
+    fn podman_from(
+        &self,
+        runtime: &str,
+        hooks: bool,
+        args: &[&str],
+        image: Option<&str>,
+        script: &str,
+    ) -> (i32, String, String) {
+        let empty = self.dir.join("no-hooks");
+        std::fs::create_dir_all(&empty).unwrap();
+        let mut cmd = self.podman_base(runtime);
+        cmd.arg("--hooks-dir")
             .arg(if hooks { &self.hooks } else { &empty })
             .args([
                 "run",
@@ -107,10 +125,12 @@ impl Env {
                 "--ulimit",
                 "nproc=4096:4096",
             ])
-            .args(args)
-            .arg("--rootfs")
-            .arg(&self.rootfs)
-            .args(["/bin/sh", "-c", script]);
+            .args(args);
+        match image {
+            Some(i) => cmd.arg(i),
+            None => cmd.arg("--rootfs").arg(&self.rootfs),
+        };
+        cmd.args(["/bin/sh", "-c", script]);
         common::run(&mut cmd)
     }
 
@@ -123,6 +143,26 @@ impl Env {
             nix::sys::stat::makedev(major, minor),
         )
         .unwrap();
+    }
+
+    /// An executable running `gpufence-runtime` with this node's config (podman `--runtime`).
+    fn runtime_wrapper(&self) -> PathBuf {
+        let wrapper = self.dir.join("gpufence-runtime.sh");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nGPUFENCE_CONFIG={} exec {} \"$@\"\n",
+                self.config.display(),
+                common::bin("gpufence-runtime").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        wrapper
     }
 
     fn log(&self) -> String {
@@ -448,21 +488,7 @@ fn hook_and_runtime_give_the_same_allocation() {
     let Some(e) = setup("hook-podman-vs-runtime") else {
         return;
     };
-    let wrapper = e.dir.join("gpufence-runtime.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nGPUFENCE_CONFIG={} exec {} \"$@\"\n",
-            e.config.display(),
-            common::bin("gpufence-runtime").display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let wrapper = e.runtime_wrapper();
     let script = "for f in /dev/nvidia*; do echo \"NODE $(stat -c '%n %F %t:%T %a %u:%g' $f) \
         $(cat $f 2>&1 | head -c 80)\"; done; \
         grep -v '^#' /run/gpufence/quota | sed 's/^/QUOTA /'; \
@@ -623,4 +649,60 @@ fn user_namespace_container_works() {
     assert_eq!(code, 0, "{out}{err}\n{}", e.log());
     assert!(out.contains(ENXIO), "{out}");
     assert!(out.contains("libgpufence.so"), "{out}");
+}
+
+/// Issue 15.4: an image `VOLUME` at `/run/gpufence`, at the quota, at the shim's directory or at
+/// `/etc/ld.so.preload` never hides or replaces gpufence's mounts — through the hook and through
+/// `gpufence-runtime` (which drops such mounts from `config.json` and mounts parent-first). Before
+/// the fix the runtime mounted the image's writable volume at the quota first and the state
+/// directory over it, so container root rewrote the host's quota file.
+#[test]
+fn image_volumes_over_gpufence_paths_do_not_hide_its_mounts() {
+    let Some(e) = setup("hook-podman-volumes") else {
+        return;
+    };
+    let tar = e.dir.join("rootfs.tar");
+    let (c, o, er) = common::run(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&e.rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."),
+    );
+    assert_eq!(c, 0, "{o}{er}");
+    let image = "localhost/gpufence-volumes:test";
+    let (c, o, er) = common::run(
+        e.podman_base("runc")
+            .args([
+                "import",
+                "--change",
+                "VOLUME [\"/run/gpufence/quota\", \"/usr/lib/gpufence\"]",
+            ])
+            .arg(&tar)
+            .arg(image),
+    );
+    assert_eq!(c, 0, "podman import: {o}{er}");
+    let wrapper = e.runtime_wrapper();
+    let script = "grep -c '^device.0.memory=67108864$' /run/gpufence/quota | sed 's/^/QUOTA-LINES /'; \
+        (echo device.0.memory=99999999999 > /run/gpufence/quota) 2>/dev/null && echo QUOTA-WRITTEN; \
+        grep ' /run/gpufence/quota ' /proc/mounts | tail -1 | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/QUOTA-MOUNT /'; \
+        test -s /usr/lib/gpufence/libgpufence.so && echo SHIM-PRESENT; \
+        grep ' /run/gpufence ' /proc/mounts | tail -1 | cut -d' ' -f3 | sed 's/^/STATE-FS /'; true";
+    let ann = [
+        "--annotation",
+        "gpufence.dev/devices=1",
+        "--annotation",
+        "gpufence.dev/memory=64Mi",
+    ];
+    for (runtime, hooks) in [("runc", true), (wrapper.to_str().unwrap(), false)] {
+        let (code, out, err) = e.podman_from(runtime, hooks, &ann, Some(image), script);
+        let ctx = format!("{runtime}: {out}{err}\n{}", e.log());
+        assert_eq!(code, 0, "{ctx}");
+        assert!(out.contains("QUOTA-LINES 1"), "{ctx}");
+        assert!(!out.contains("QUOTA-WRITTEN"), "{ctx}");
+        assert!(out.contains("QUOTA-MOUNT ro"), "{ctx}");
+        assert!(out.contains("SHIM-PRESENT"), "{ctx}");
+        assert!(out.contains("STATE-FS tmpfs"), "{ctx}");
+    }
 }

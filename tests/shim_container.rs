@@ -6,7 +6,7 @@
 //! the shim needs comes from the runtime's plan — the device nodes and cgroup rules, the driver
 //! libraries from the sim's driver root (mock `libcuda.so.1`, `libnvidia-ml.so.1`, the mock node
 //! description beside them, `nvidia-smi`) made loadable by the ld-cache hook, the shim through
-//! `/etc/ld.so.preload`, the state directory at /run/gpufence with the read-only quota file on top,
+//! `/etc/ld.so.preload`, the container's own tmpfs at /run/gpufence with the read-only quota file on top,
 //! and `GPUFENCE_STATE`.
 //!
 //! Proves, inside the container: all three ways to the driver land in the shim; one process is
@@ -200,10 +200,10 @@ echo done
     assert!(out.contains("accounting 666"), "{ctx}");
     assert!(out.contains("quota-readonly"), "{ctx}");
     assert_eq!(field(&out, "quota-mount"), ["ro"], "{ctx}");
-    // The container user shares the region but cannot create files in the host's directory.
+    // The container user shares the region; nothing else can be created beside it.
     assert!(out.contains("state-dir-closed"), "{ctx}");
-    // The region lived in the host's per-container state directory; delete removed it.
-    assert!(accounting_on_host, "{ctx}");
+    // The region lives in the container's own tmpfs, never in the host's state directory.
+    assert!(!accounting_on_host, "{ctx}");
     assert_eq!(dcode, 0, "{derr}");
     assert!(!state.exists(), "state dir removed on delete");
     assert!(!runc_list(&root).contains(&id));

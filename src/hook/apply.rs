@@ -182,6 +182,11 @@ pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> 
         if comps.is_empty() {
             return Err(HookError::Plan("a mount onto / is not allowed".into()));
         }
+        if m.kind.as_deref() == Some("tmpfs") {
+            let d = super::tmpfs::detach_tmpfs(&m.container_path, &m.options)?;
+            out.push((m.container_path.clone(), d));
+            continue;
+        }
         super::safepath::components(&m.host_path)?;
         let attrs = Attrs::parse(&m.container_path, m.kind.as_deref(), &m.options)?;
         let d = super::mounts::detach(Path::new(&m.host_path), attrs)?;
