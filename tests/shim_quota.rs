@@ -105,14 +105,9 @@ fn eight_processes_allocating_concurrently_never_exceed_the_quota_together() {
     assert_eq!(num(&out, "fill"), quota);
 }
 
-#[test]
-fn sigkilled_process_memory_is_reclaimed() {
-    let Some(node) = Node::new("shim-kill", &[1024]) else {
-        return;
-    };
-    let quota = 100 * MIB;
-    let st = node.state("k", Some(&node.quota(&[(0, 0, quota)])));
-    let mut holder = node.spawn("direct", &st, &["alloc", &(80 * MIB).to_string(), "hold"]);
+/// A process (linked against the driver) holding 80 MiB, once it says so.
+fn hold_80_mib(node: &Node, st: &std::path::Path) -> std::process::Child {
+    let mut holder = node.spawn("direct", st, &["alloc", &(80 * MIB).to_string(), "hold"]);
     let mut rd = BufReader::new(holder.stdout.take().unwrap());
     let mut line = String::new();
     rd.read_line(&mut line).unwrap();
@@ -120,6 +115,17 @@ fn sigkilled_process_memory_is_reclaimed() {
     line.clear();
     rd.read_line(&mut line).unwrap();
     assert_eq!(line, "holding\n");
+    holder
+}
+
+#[test]
+fn sigkilled_process_memory_is_reclaimed() {
+    let Some(node) = Node::new("shim-kill", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    let st = node.state("k", Some(&node.quota(&[(0, 0, quota)])));
+    let mut holder = hold_80_mib(&node, &st);
     // a neighbour in the same container sees the holder's share
     let out = node.run(
         "dlsym",
@@ -510,14 +516,7 @@ fn zeroed_header_counters_do_not_lift_the_quota() {
     };
     let quota = 100 * MIB;
     let st = node.state("z", Some(&node.quota(&[(0, 0, quota)])));
-    let mut holder = node.spawn("direct", &st, &["alloc", &(80 * MIB).to_string(), "hold"]);
-    let mut rd = BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    rd.read_line(&mut line).unwrap();
-    assert!(line.starts_with("alloc 83886080 ok"), "{line}");
-    line.clear();
-    rd.read_line(&mut line).unwrap();
-    assert_eq!(line, "holding\n");
+    let mut holder = hold_80_mib(&node, &st);
     // The header's per-device counters (after magic and layout): what any process may zero.
     {
         use std::io::{Seek, SeekFrom, Write};
