@@ -74,7 +74,19 @@ pub struct Plan {
     pub env_overrides: Vec<String>,
     /// Human-readable notes about decisions (e.g. which env was neutralised and why).
     pub notes: Vec<String>,
+    /// What the shim's quota protects against and what it does not (`SHIM_ISOLATION`), when
+    /// the plan hands the container a quota; `None` otherwise.
+    #[serde(default)]
+    pub isolation: Option<String>,
 }
+
+/// The plain statement of what a preloaded shim's quota is: it keeps tenants from each other's
+/// mistakes and honest overuse; a hostile process inside the container can get past any
+/// library it is handed (it may skip the preload or call the driver directly).
+pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from each other's \
+    mistakes and honest overuse; it is not a hard boundary against a hostile process in this \
+    container, which can bypass a preloaded library — hard isolation against a hostile tenant \
+    needs the driver backend or MIG";
 
 impl Plan {
     /// True when the plan grants nothing (no device nodes, no mounts, no shim).
@@ -315,6 +327,7 @@ pub fn plan(
             });
         }
         plan.quota = Some(quota);
+        plan.isolation = Some(SHIM_ISOLATION.to_string());
         plan.state_dir = Some(state_dir_s);
     }
 
