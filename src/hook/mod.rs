@@ -265,7 +265,13 @@ fn enforce_plan(
         ldcache,
         userns_root,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns), rootfs, prepared, id)?;
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns),
+        rootfs,
+        prepared,
+        id,
+        cfg.timeouts.worker(),
+    )?;
     info!(container = id, "hook enforcement complete");
     Ok(())
 }
