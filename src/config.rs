@@ -156,6 +156,9 @@ pub struct AllocationConfig {
     pub dialects: Vec<Dialect>,
     /// Honour allocations expressed in the process env.
     pub trust_env: TrustEnv,
+    /// Honour allocation annotations of podman (libpod) containers, which podman copies from
+    /// the image ([`crate::allocation::libpod`]). Extension of the contract.
+    pub trust_libpod_annotations: bool,
 }
 
 impl Default for AllocationConfig {
@@ -163,6 +166,7 @@ impl Default for AllocationConfig {
         AllocationConfig {
             dialects: Dialect::ALL.to_vec(),
             trust_env: TrustEnv::default(),
+            trust_libpod_annotations: false,
         }
     }
 }

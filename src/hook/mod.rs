@@ -127,6 +127,7 @@ fn enforce_state(
         info!(
             container = id,
             stage = stage.name(),
+            notes = ?plan.notes,
             "no allocation: nothing granted"
         );
         return Ok(());
