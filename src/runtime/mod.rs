@@ -25,6 +25,7 @@ pub mod cli;
 pub mod configure;
 pub mod ldcache;
 pub mod runclog;
+pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -423,7 +424,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
-fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
+pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok());
