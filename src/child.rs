@@ -359,7 +359,10 @@ fn drain_nonblocking(fd: &OwnedFd, buf: &mut Vec<u8>, limit: usize) {
             nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK,
         ),
     );
-    let mut f = std::fs::File::from(fd.try_clone().expect("dup of a pipe"));
+    let Ok(dup) = fd.try_clone() else {
+        return;
+    };
+    let mut f = std::fs::File::from(dup);
     let mut chunk = [0u8; 8192];
     loop {
         match f.read(&mut chunk) {
