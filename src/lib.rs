@@ -12,6 +12,7 @@
 
 pub mod allocation;
 pub mod cdi;
+pub mod child;
 pub mod config;
 pub mod exit;
 pub mod hook;

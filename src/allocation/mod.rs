@@ -110,6 +110,7 @@ impl AllocationError {
 pub mod devices;
 pub mod dialects;
 pub mod input;
+pub mod libpod;
 
 use devices::{Resolved, describe};
 use dialects::{Facet, Part};
@@ -149,8 +150,9 @@ pub fn read(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Intake, AllocationError> {
-    let inputs = Inputs::from_spec(spec)?;
+    let mut inputs = Inputs::from_spec(spec)?;
     let ac = &config.allocation;
+    let dropped = libpod::drop_untrusted(&mut inputs.annotations, ac.trust_libpod_annotations);
     let mut parts: Vec<Part> = Vec::new();
     if ac.enabled(Dialect::Gpufence) {
         parts.push(dialects::gpufence_devices(&inputs, inventory)?);
@@ -250,6 +252,13 @@ pub fn read(
         foreign.extend(p.foreign.iter().cloned());
     }
     let mut intake = Intake::default();
+    if !dropped.is_empty() {
+        intake.notes.push(format!(
+            "ignored {} of a podman (libpod) container: podman copies image annotations into the \
+             container's (allocation.trust-libpod-annotations = false; use CDI --device)",
+            dropped.join(", ")
+        ));
+    }
     let dialects_used: Vec<Dialect> = {
         let mut d: Vec<Dialect> = parts
             .iter()

@@ -128,6 +128,7 @@ fn enforce_state(
         info!(
             container = id,
             stage = stage.name(),
+            notes = ?plan.notes,
             "no allocation: nothing granted"
         );
         return Ok(());
@@ -266,7 +267,13 @@ fn enforce_plan(
         ldcache,
         userns_root,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns), rootfs, prepared, id)?;
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns),
+        rootfs,
+        prepared,
+        id,
+        cfg.timeouts.worker(),
+    )?;
     info!(container = id, "hook enforcement complete");
     Ok(())
 }

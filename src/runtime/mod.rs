@@ -25,6 +25,7 @@ pub mod cli;
 pub mod configure;
 pub mod ldcache;
 pub mod runclog;
+pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -257,12 +258,12 @@ fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
     if let Some(r) = &parsed.root {
         return r.clone();
     }
-    let is_crun = cfg
-        .runtime
-        .path
-        .as_ref()
-        .and_then(|p| p.file_name())
-        .is_some_and(|n| n == "crun");
+    // The runtime actually run (`runtime.path`, else the one found on PATH): crun keeps its
+    // state elsewhere, and a wrong root would report a live container gone.
+    let is_crun = real_runtime(cfg)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n == "crun"))
+        .unwrap_or(false);
     PathBuf::from(if is_crun { "/run/crun" } else { "/run/runc" })
 }
 
@@ -391,7 +392,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
-fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
+pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok());
