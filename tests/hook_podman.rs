@@ -146,25 +146,10 @@ impl Env {
         common::run(&mut cmd)
     }
 
-    /// podman with this test's storage and hooks, no subcommand yet.
-    fn podman_base(&self) -> Command {
-        let mut cmd = Command::new("podman");
-        cmd.arg("--root")
-            .arg(self.dir.join("podman/root"))
-            .arg("--runroot")
-            .arg(&self.runroot)
-            .args([
-                "--storage-driver",
-                "vfs",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                "--runtime",
-                "runc",
-                "--hooks-dir",
-            ])
-            .arg(&self.hooks);
+    /// podman with this test's storage and hooks (runc), no subcommand yet.
+    fn podman_hooked(&self) -> Command {
+        let mut cmd = self.podman_base("runc");
+        cmd.arg("--hooks-dir").arg(&self.hooks);
         cmd
     }
 
@@ -182,13 +167,13 @@ impl Env {
         );
         assert_eq!(c, 0, "{err}");
         let base = format!("localhost/{tag}-base:t");
-        let (c, out, err) = common::run(self.podman_base().arg("import").arg(&tar).arg(&base));
+        let (c, out, err) = common::run(self.podman_hooked().arg("import").arg(&tar).arg(&base));
         assert_eq!(c, 0, "podman import: {out}{err}");
         let ctx = self.dir.join(format!("{tag}-ctx"));
         std::fs::create_dir_all(&ctx).unwrap();
         std::fs::write(ctx.join("Containerfile"), format!("FROM {base}\n")).unwrap();
         let image = format!("localhost/{tag}:t");
-        let mut cmd = self.podman_base();
+        let mut cmd = self.podman_hooked();
         cmd.args(["build", "--network", "none", "-t", &image]);
         for a in annotations {
             cmd.args(["--annotation", a]);
@@ -201,7 +186,7 @@ impl Env {
     /// `podman run` of `image` (no `--rootfs`).
     fn run_image(&self, args: &[&str], image: &str, script: &str) -> (i32, String, String) {
         common::run(
-            self.podman_base()
+            self.podman_hooked()
                 .args([
                     "run",
                     "--rm",
@@ -788,6 +773,7 @@ fn image_volumes_over_gpufence_paths_do_not_hide_its_mounts() {
         assert!(out.contains("SHIM-PRESENT"), "{ctx}");
         assert!(out.contains("STATE-FS tmpfs"), "{ctx}");
     }
+}
 
 /// Issue 15 (7): podman copies an image's annotations into the container's, so an image built
 /// with `--annotation gpufence.dev/devices=all` asked for every GPU in hook mode. By default a
@@ -858,7 +844,7 @@ fn blocking_image_does_not_hang_podman() {
     .unwrap();
     let started = std::time::Instant::now();
     // podman under a watchdog: a hang is a failure, not a stuck test run.
-    let mut child = e.podman_base();
+    let mut child = e.podman_hooked();
     child
         .args([
             "run",
