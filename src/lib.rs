@@ -14,6 +14,7 @@ pub mod allocation;
 pub mod cdi;
 pub mod cdigen;
 pub mod cgroup;
+pub mod child;
 pub mod config;
 pub mod enter;
 pub mod exit;

@@ -147,8 +147,14 @@ fn apply_plan(ns: &Ns, n: &Node, plan: &Plan) -> Result<(), String> {
         ldcache: None,
         userns_root: None,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns.fd()), &n.rootfs, prepared, "t")
-        .map_err(|e| e.to_string())
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns.fd()),
+        &n.rootfs,
+        prepared,
+        "t",
+        std::time::Duration::from_secs(10),
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn host_mounts_under(p: &Path) -> Vec<String> {

@@ -109,6 +109,7 @@ mod agree;
 pub mod devices;
 pub mod dialects;
 pub mod input;
+pub mod libpod;
 
 use devices::{Resolved, describe};
 use dialects::Part;
@@ -151,8 +152,9 @@ pub fn read(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Intake, AllocationError> {
-    let inputs = Inputs::from_spec(spec)?;
+    let mut inputs = Inputs::from_spec(spec)?;
     let ac = &config.allocation;
+    let dropped = libpod::drop_untrusted(&mut inputs.annotations, ac.trust_libpod_annotations);
     let mut parts = read_parts(&inputs, inventory, config, cdi_specs)?;
     let devices = agree::devices(&parts)?;
     // Limits: gpufence annotations apply to the combined list.
@@ -168,6 +170,13 @@ pub fn read(
 
     let foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
     let mut intake = Intake::default();
+    if !dropped.is_empty() {
+        intake.notes.push(format!(
+            "ignored {} of a podman (libpod) container: podman copies image annotations into the \
+             container's (allocation.trust-libpod-annotations = false; use CDI --device)",
+            dropped.join(", ")
+        ));
+    }
     let nvd_consumed = parts
         .iter()
         .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())

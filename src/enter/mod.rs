@@ -8,4 +8,5 @@ pub mod caps;
 pub mod ldcache;
 pub mod mounts;
 pub mod safepath;
+pub mod tmpfs;
 pub mod userns;

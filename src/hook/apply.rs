@@ -11,7 +11,6 @@
 //! 3. on any failure the parent removes what it created on the host (the container state
 //!    directory) and the hook exits non-zero, which aborts the container's creation.
 
-use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -174,6 +173,11 @@ pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> 
         if comps.is_empty() {
             return Err(HookError::Plan("a mount onto / is not allowed".into()));
         }
+        if m.kind.as_deref() == Some("tmpfs") {
+            let d = crate::enter::tmpfs::detach_tmpfs(&m.container_path, &m.options)?;
+            out.push((m.container_path.clone(), d));
+            continue;
+        }
         crate::enter::safepath::components(&m.host_path)?;
         let attrs = Attrs::parse(&m.container_path, m.kind.as_deref(), &m.options)?;
         let d = crate::enter::mounts::detach(Path::new(&m.host_path), attrs)?;
@@ -235,67 +239,43 @@ pub enum Namespace {
 }
 
 /// Fork a single-threaded child that enters `ns`, refuses shared mounts under `rootfs`,
-/// applies `p` and refreshes the ld cache. Returns the child's error line.
+/// applies `p` and refreshes the ld cache. Returns the child's error line. The child runs under
+/// `deadline` ([`crate::child::fork_with_deadline`]: own process group killed when it passes,
+/// no inherited stdio, dies with this process).
 pub fn apply_in_namespace(
     ns: Namespace,
     rootfs: &Path,
     p: Prepared,
     id: &str,
+    deadline: std::time::Duration,
 ) -> Result<(), HookError> {
-    let (rd, wr) = nix::unistd::pipe().map_err(|errno| HookError::Host {
-        path: "pipe".into(),
-        op: "pipe",
-        errno,
-    })?;
-    // SAFETY: the hook is single-threaded (no thread is ever spawned before this point), so the
-    // child may run arbitrary code; it leaves with _exit.
-    match unsafe { nix::unistd::fork() } {
-        Err(errno) => Err(HookError::Host {
-            path: "fork".into(),
-            op: "fork",
-            errno,
-        }),
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(rd);
-            let r = child_body(ns, rootfs, p, id);
-            // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
-            let code = match r {
-                Ok(()) => 0,
-                Err(e) => {
-                    let mut f = std::fs::File::from(wr);
-                    let _ = std::io::Write::write_all(&mut f, e.to_string().as_bytes());
-                    e.code()
-                }
-            };
-            // SAFETY: leave the forked child without running the parent's exit handlers.
-            unsafe { libc::_exit(code) }
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            drop(wr);
-            drop(p);
-            let mut msg = String::new();
-            let _ = std::fs::File::from(rd)
-                .take(64 * 1024)
-                .read_to_string(&mut msg);
-            let status = nix::sys::wait::waitpid(child, None).map_err(|errno| HookError::Host {
-                path: "waitpid".into(),
-                op: "waitpid",
-                errno,
-            })?;
-            match status {
-                nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
-                nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
-                    Err(HookError::Namespace {
-                        code: if code == 1 { 1 } else { 2 },
-                        message: msg,
-                    })
-                }
-                other => Err(HookError::Namespace {
-                    code: 2,
-                    message: format!("namespace worker ended with {other:?}"),
-                }),
+    let worker = crate::child::fork_with_deadline("namespace worker", deadline, |out| {
+        // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
+        match child_body(ns, rootfs, p, id) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = std::io::Write::write_all(out, e.to_string().as_bytes());
+                e.code()
             }
         }
+    })
+    .map_err(|e| HookError::Namespace {
+        code: 2,
+        message: e.to_string(),
+    })?;
+    let msg = String::from_utf8_lossy(&worker.out).into_owned();
+    match worker.status {
+        nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
+            Err(HookError::Namespace {
+                code: if code == 1 { 1 } else { 2 },
+                message: msg,
+            })
+        }
+        _ => Err(HookError::Namespace {
+            code: 2,
+            message: format!("namespace worker ended with {}", worker.describe()),
+        }),
     }
 }
 

@@ -6,7 +6,7 @@
 //! numbers are then refreshed from `dev-root`, CDI specs are read from the CDI directories.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use tracing::info;
 
@@ -61,24 +61,29 @@ fn inventory(cfg: &Config, id: &str) -> Result<Inventory, HookError> {
     );
     let exe = std::env::current_exe()
         .map_err(|e| HookError::Inventory(format!("locating gpufence: {e}")))?;
-    scan_in_child(&exe, cfg.source.as_deref())
+    scan_in_child(&exe, cfg.source.as_deref(), cfg.timeouts.inventory())
 }
 
-/// `gpufence [--config C] inventory --json` with a clean env.
-fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookError> {
+/// `gpufence [--config C] inventory --json` with a clean env, killed past `deadline`
+/// (`timeouts.inventory`).
+fn scan_in_child(
+    exe: &Path,
+    config: Option<&Path>,
+    deadline: std::time::Duration,
+) -> Result<Inventory, HookError> {
     let mut cmd = Command::new(exe);
     if let Some(c) = config {
         cmd.arg("--config").arg(c);
     }
-    let out = cmd
-        .args(["inventory", "--json"])
+    cmd.args(["inventory", "--json"])
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| HookError::Inventory(format!("running {} inventory: {e}", exe.display())))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    let what = format!("{} inventory", exe.display());
+    let out =
+        crate::child::output_with_deadline(&what, &mut cmd, deadline, MAX_INVENTORY_BYTES + 1)
+            .map_err(|e| HookError::Inventory(e.to_string()))?;
+    if !out.success() {
+        let err = String::from_utf8_lossy(&out.err);
         return Err(HookError::Inventory(
             err.lines()
                 .last()
@@ -87,9 +92,9 @@ fn scan_in_child(exe: &Path, config: Option<&Path>) -> Result<Inventory, HookErr
                 .to_string(),
         ));
     }
-    if out.stdout.len() > MAX_INVENTORY_BYTES {
+    if out.out.len() > MAX_INVENTORY_BYTES {
         return Err(HookError::Inventory("inventory output too large".into()));
     }
-    serde_json::from_slice(&out.stdout)
+    serde_json::from_slice(&out.out)
         .map_err(|e| HookError::Inventory(format!("inventory output: {e}")))
 }

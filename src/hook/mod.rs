@@ -122,6 +122,7 @@ fn enforce_state(
         info!(
             container = id,
             stage = stage.name(),
+            notes = ?plan.notes,
             "no allocation: nothing granted"
         );
         return Ok(());
@@ -160,19 +161,19 @@ fn enforce_state(
     r
 }
 
-/// Whether `config.json` already mounts this container's state directory (the runtime applied
-/// the plan). The source must be `state_dir` itself: an image `VOLUME /run/gpufence` is a mount
-/// at the same destination too.
+/// Whether `config.json` already mounts this container's quota (the runtime applied the plan).
+/// The source must be `state_dir/quota` itself: an image `VOLUME /run/gpufence/quota` is a
+/// mount at the same destination too.
 fn applied_by_runtime(spec: &serde_json::Value, state_dir: &Path) -> bool {
     spec.get("mounts")
         .and_then(|m| m.as_array())
         .is_some_and(|m| {
             m.iter().any(|m| {
                 m.get("destination").and_then(|d| d.as_str())
-                    == Some(crate::plan::CONTAINER_STATE_DIR)
+                    == Some(crate::plan::CONTAINER_QUOTA_FILE)
                     && m.get("source")
                         .and_then(|s| s.as_str())
-                        .is_some_and(|s| Path::new(s) == state_dir)
+                        .is_some_and(|s| Path::new(s) == state_dir.join("quota"))
             })
         })
 }
@@ -260,7 +261,13 @@ fn enforce_plan(
         ldcache,
         userns_root,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns), rootfs, prepared, id)?;
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns),
+        rootfs,
+        prepared,
+        id,
+        cfg.timeouts.worker(),
+    )?;
     info!(container = id, "hook enforcement complete");
     Ok(())
 }

@@ -193,6 +193,9 @@ pub fn render(p: &Plan) -> String {
             );
         }
     }
+    if let Some(i) = &p.isolation {
+        let _ = writeln!(s, "isolation: {i}");
+    }
     if let Some(d) = &p.state_dir {
         let _ = writeln!(s, "state directory: {d}");
     }

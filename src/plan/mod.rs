@@ -23,9 +23,8 @@ pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";
 /// Where the quota file appears inside the container.
 pub const CONTAINER_QUOTA_FILE: &str = "/run/gpufence/quota";
 /// The shared accounting region inside the container state directory (the shim's
-/// `region::FILE_NAME`). The host creates it empty and world-read-writable (0666) beside the
-/// quota, so every process of the container, whatever its uid or user namespace, can map it while
-/// the directory itself stays root-owned 0755 (a container user cannot create files on the host).
+/// `region::FILE_NAME`), created by the first shim process in the container's own size-bounded
+/// tmpfs (`state_tmpfs`), never on the host.
 pub const ACCOUNTING_FILE: &str = "accounting";
 /// Where the shim is mounted inside the container.
 pub const CONTAINER_SHIM_PATH: &str = "/usr/lib/gpufence/libgpufence.so";
@@ -83,7 +82,19 @@ pub struct Plan {
     pub env_overrides: Vec<String>,
     /// Human-readable notes about decisions (e.g. which env was neutralised and why).
     pub notes: Vec<String>,
+    /// What the shim's quota protects against and what it does not (`SHIM_ISOLATION`), when
+    /// the plan hands the container a quota; `None` otherwise.
+    #[serde(default)]
+    pub isolation: Option<String>,
 }
+
+/// The plain statement of what a preloaded shim's quota is: it keeps tenants from each other's
+/// mistakes and honest overuse; a hostile process inside the container can get past any
+/// library it is handed (it may skip the preload or call the driver directly).
+pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from each other's \
+    mistakes and honest overuse; it is not a hard boundary against a hostile process in this \
+    container, which can bypass a preloaded library — hard isolation against a hostile tenant \
+    needs the driver backend or MIG";
 
 impl Plan {
     /// True when the plan grants nothing (no device nodes, no mounts, no shim).
@@ -138,6 +149,7 @@ pub fn plan(
         let q = quota::quota(&alloc);
         plan.host_files = quota::host_files(&q, &state);
         plan.quota = Some(q);
+        plan.isolation = Some(SHIM_ISOLATION.to_string());
         plan.state_dir = Some(state.dir);
     }
 
@@ -148,6 +160,10 @@ pub fn plan(
         edits.append(&f.edits);
     }
     plan.cgroup_rules = cgroup::rules(&edits.device_nodes)?;
+
+    // Parent-first, so a directory mount never hides one below it (the quota under the state
+    // tmpfs); stable, so equal depths keep their order.
+    edits.mounts.sort_by_key(|m| mount_depth(&m.container_path));
 
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
@@ -199,14 +215,7 @@ fn check_foreign(
 ) -> Result<(), crate::allocation::AllocationError> {
     let err = |why: String| crate::allocation::AllocationError::new(&f.spec_path, &f.name, why);
     crate::cdi::parse::validate_edits(&f.edits).map_err(err)?;
-    let reserved = |p: &str| {
-        let p = p.trim_end_matches('/');
-        p == CONTAINER_STATE_DIR
-            || p.starts_with(&format!("{CONTAINER_STATE_DIR}/"))
-            || p == CONTAINER_SHIM_PATH
-            || p == "/etc/ld.so.preload"
-            || p.is_empty()
-    };
+    let reserved = |p: &str| is_reserved_destination(p) || p.trim_end_matches('/').is_empty();
     for m in &f.edits.mounts {
         if reserved(&m.container_path) {
             return Err(err(format!(
@@ -230,6 +239,65 @@ fn check_foreign(
         }
     }
     Ok(())
+}
+
+/// Whether a container path is gpufence's to mount: the state directory and anything below it,
+/// the shim, `/etc/ld.so.preload` (and anything below those two). Any other mount there (an
+/// image `VOLUME /run/gpufence/quota`, a foreign CDI edit) is dropped or refused, never
+/// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer.
+pub fn is_reserved_destination(p: &str) -> bool {
+    let norm: Vec<&str> = p
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    [
+        CONTAINER_STATE_DIR,
+        CONTAINER_SHIM_PATH,
+        "/etc/ld.so.preload",
+    ]
+    .iter()
+    .any(|r| {
+        let r: Vec<&str> = r.split('/').filter(|c| !c.is_empty()).collect();
+        norm.len() >= r.len() && norm[..r.len()] == r[..]
+    })
+}
+
+/// Number of path components of a container path (`/run/gpufence` = 2).
+fn mount_depth(p: &str) -> usize {
+    p.split('/').filter(|c| !c.is_empty() && *c != ".").count()
+}
+
+/// Bytes of the per-container tmpfs at `/run/gpufence`: the shim's accounting region (≈ 521 KiB)
+/// with room to spare; HAMi-core's shared cache needs more.
+pub const STATE_TMPFS_SIZE: &str = "1m";
+/// The same for `shim.library` = HAMi-core's `libvgpu.so` (its `vgpu.cache` and lock).
+pub const STATE_TMPFS_SIZE_HAMI: &str = "16m";
+
+/// `/run/gpufence` inside the container: a tmpfs of its own (never the host's state directory),
+/// sized by the host and with inodes for its root, the quota's mount point and one file — the
+/// accounting region, created by the first shim process (mode 1777: whatever its uid). Its pages
+/// are charged to the container's memory cgroup and vanish with its mount namespace; the host
+/// never reads it, so nothing the container plants there is ever followed by a host process.
+pub fn state_tmpfs(hami: bool) -> crate::cdi::MountEdit {
+    let (size, inodes) = if hami {
+        (STATE_TMPFS_SIZE_HAMI, 5)
+    } else {
+        (STATE_TMPFS_SIZE, 3)
+    };
+    crate::cdi::MountEdit {
+        host_path: "tmpfs".to_string(),
+        container_path: CONTAINER_STATE_DIR.to_string(),
+        kind: Some("tmpfs".to_string()),
+        options: [
+            "nosuid".to_string(),
+            "nodev".to_string(),
+            "noexec".to_string(),
+            "mode=1777".to_string(),
+            format!("size={size}"),
+            format!("nr_inodes={inodes}"),
+        ]
+        .to_vec(),
+    }
 }
 
 /// Mount options for driver files and the shim.

@@ -1,5 +1,5 @@
 //! Plan step: the mounts — driver files read-only, the shim, the generated `ld.so.preload`, the
-//! container's state directory and its read-only quota.
+//! container's own state tmpfs and its read-only quota.
 
 use crate::allocation::AllocationError;
 use crate::cdi::MountEdit;
@@ -7,8 +7,7 @@ use crate::config::{Config, ShimInject};
 use crate::inventory::DriverFile;
 
 use super::{
-    CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, LD_SO_PRELOAD_FILE, RO_BIND,
-    driver_mounts,
+    CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, LD_SO_PRELOAD_FILE, RO_BIND, driver_mounts,
 };
 
 /// Host paths of one container's state.
@@ -70,11 +69,7 @@ pub fn mounts(files: &[&DriverFile], config: &Config, state: &StatePaths) -> Vec
     if let Some(preload) = &state.preload {
         m.push(bind(preload, "/etc/ld.so.preload", &RO_BIND));
     }
-    m.push(bind(
-        &state.dir,
-        CONTAINER_STATE_DIR,
-        &["rw", "nosuid", "nodev", "noexec", "bind"],
-    ));
+    m.push(super::state_tmpfs(config.shim.is_hami_core()));
     m.push(bind(
         &state.quota,
         CONTAINER_QUOTA_FILE,

@@ -41,6 +41,8 @@ pub struct Refresh {
     pub mounts: Vec<crate::cdi::MountEdit>,
     /// The hook as the plan had it (for `ldcache_run`).
     hook: crate::cdi::HookEdit,
+    /// The worker's deadline (`timeouts.worker`).
+    deadline: std::time::Duration,
 }
 
 /// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
@@ -119,6 +121,7 @@ pub fn take_over(
         folders,
         mounts,
         hook,
+        deadline: cfg.timeouts.worker(),
     }))
 }
 
@@ -152,8 +155,14 @@ impl Refresh {
             ldcache,
             userns_root: None,
         };
-        apply::apply_in_namespace(Namespace::Private, &self.rootfs, prepared, id)
-            .map_err(to_exit)?;
+        apply::apply_in_namespace(
+            Namespace::Private,
+            &self.rootfs,
+            prepared,
+            id,
+            self.deadline,
+        )
+        .map_err(to_exit)?;
         tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook)");
         Ok(())
     }

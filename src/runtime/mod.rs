@@ -26,6 +26,7 @@ pub mod cli;
 pub mod configure;
 pub mod ldcache;
 pub mod runclog;
+pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -198,12 +199,12 @@ fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
     if let Some(r) = &parsed.root {
         return r.clone();
     }
-    let is_crun = cfg
-        .runtime
-        .path
-        .as_ref()
-        .and_then(|p| p.file_name())
-        .is_some_and(|n| n == "crun");
+    // The runtime actually run (`runtime.path`, else the one found on PATH): crun keeps its
+    // state elsewhere, and a wrong root would report a live container gone.
+    let is_crun = real_runtime(cfg)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n == "crun"))
+        .unwrap_or(false);
     PathBuf::from(if is_crun { "/run/crun" } else { "/run/runc" })
 }
 
@@ -253,39 +254,7 @@ pub(crate) fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<()
         write_file_atomic(p, f.contents.as_bytes(), f.mode, None)
             .map_err(|e| Exit::env(format!("{}: {e}", p.display())))?;
     }
-    if let (Some(d), Some(_)) = (&plan.state_dir, &plan.quota) {
-        let p = Path::new(d).join(crate::plan::ACCOUNTING_FILE);
-        create_accounting(&p).map_err(|e| Exit::env(format!("{}: {e}", p.display())))?;
-    }
     Ok(())
-}
-
-/// Create the container's accounting file empty with mode 0666 (the shim sizes and stamps it on
-/// first use), so container processes of any uid can share it without write access to the
-/// directory. An existing regular file is kept as is (live processes may have it mapped); a
-/// symlink or anything else there is an error.
-fn create_accounting(p: &Path) -> std::io::Result<()> {
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(p)
-    {
-        // umask may have masked the mode.
-        Ok(f) => f.set_permissions(std::fs::Permissions::from_mode(0o666)),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if std::fs::symlink_metadata(p)?.is_file() {
-                Ok(())
-            } else {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "exists and is not a regular file",
-                ))
-            }
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// `mkdir -p` of `dir` (under `base`), refusing symlinks on the way below `base`.
@@ -364,7 +333,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
-fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
+pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok());
@@ -464,7 +433,7 @@ mod tests {
     }
 
     #[test]
-    fn accounting_file_shared_by_every_container_user() {
+    fn host_state_dir_holds_nothing_container_writable() {
         let d = tempfile::tempdir().unwrap();
         let cfg = Config {
             state_dir: d.path().join("state"),
@@ -478,43 +447,27 @@ mod tests {
         let plan = Plan {
             state_dir: Some(own.display().to_string()),
             quota: Some(quota.clone()),
+            host_files: vec![crate::plan::HostFile {
+                path: own.join("quota").display().to_string(),
+                contents: quota.render(),
+                mode: 0o444,
+            }],
             ..Plan::default()
         };
         write_host_files(&cfg, "c1", &plan).unwrap();
-        let acc = own.join(crate::plan::ACCOUNTING_FILE);
-        let m = std::fs::symlink_metadata(&acc).unwrap();
-        assert!(m.is_file());
-        assert_eq!(m.len(), 0);
-        assert_eq!(m.permissions().mode() & 0o7777, 0o666);
-        // The directory itself stays closed to container users.
+        // Only the read-only quota: the accounting region lives in the container's own tmpfs.
+        let names: Vec<String> = std::fs::read_dir(&own)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["quota"]);
         assert_eq!(
             std::fs::metadata(&own).unwrap().permissions().mode() & 0o7777,
             0o755
         );
-        // An existing region (live processes may have it mapped) is kept.
-        std::fs::write(&acc, b"live").unwrap();
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        assert_eq!(std::fs::read(&acc).unwrap(), b"live");
-        // No quota, no region.
-        let own2 = cfg.container_state_dir("c2");
-        let no_quota = Plan {
-            state_dir: Some(own2.display().to_string()),
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c2", &no_quota).unwrap();
-        assert!(!own2.join(crate::plan::ACCOUNTING_FILE).exists());
-        // A symlink planted at the region's name is not followed.
-        let own3 = cfg.container_state_dir("c3");
-        std::fs::create_dir_all(&own3).unwrap();
-        let target = d.path().join("target");
-        std::os::unix::fs::symlink(&target, own3.join(crate::plan::ACCOUNTING_FILE)).unwrap();
-        let plan3 = Plan {
-            state_dir: Some(own3.display().to_string()),
-            quota: Some(quota),
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c3", &plan3).is_err());
-        assert!(!target.exists());
+        for m in &crate::plan::state_tmpfs(false).options {
+            assert!(!m.starts_with("bind"), "{m}");
+        }
     }
 
     #[test]
