@@ -36,10 +36,8 @@ pub const IN_NAMESPACE: &[C] = &[
     C::CAP_SETGID,
 ];
 
-/// The ld cache refresh (also the bounding set it execs ldconfig with): `ldconfig -r` chroots.
+/// The ld cache refresh (in-process, no exec): files in a rootfs owned by anyone.
 pub const LDCACHE: &[C] = &[
-    C::CAP_SYS_CHROOT,
-    C::CAP_CHOWN,
     C::CAP_FOWNER,
     C::CAP_DAC_OVERRIDE,
     C::CAP_DAC_READ_SEARCH,
