@@ -385,6 +385,15 @@ pub fn update(
         Mode::empty(),
     )
     .map_err(rerr("open"))?;
+    // Nothing at all is written into a musl image.
+    let has_cache = exists_in_root(&root, "etc/ld.so.cache");
+    if !has_cache
+        && !GLIBC_LOADERS.iter().any(|l| exists_in_root(&root, l))
+        && MUSL_LOADERS.iter().any(|l| exists_in_root(&root, l))
+    {
+        return Ok(Outcome::Musl);
+    }
+
     // Before runc, the folders may not exist yet (runc would create them for the mounts).
     let known = matches!(libs, Libraries::Known(_));
     let mut dirs = Vec::with_capacity(folders.len());
@@ -399,14 +408,6 @@ pub fn update(
             rootfs: rootfs.to_path_buf(),
             errno,
         })?);
-    }
-
-    let has_cache = exists_in_root(&root, "etc/ld.so.cache");
-    if !has_cache
-        && !GLIBC_LOADERS.iter().any(|l| exists_in_root(&root, l))
-        && MUSL_LOADERS.iter().any(|l| exists_in_root(&root, l))
-    {
-        return Ok(Outcome::Musl);
     }
 
     let etc = ensure_dir(&root, Path::new("etc")).map_err(rerr("/etc"))?;
