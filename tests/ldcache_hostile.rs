@@ -281,7 +281,10 @@ fn block_device_cache_temporaries_and_hwcaps_symlink_to_the_host() {
         std::os::unix::fs::symlink(&hostdir, d.join("glibc-hwcaps")).unwrap();
     }
     assert_held(&c, "block device / hwcaps symlink", |c| {
-        assert!(disk.untouched(), "the disk behind the block device was written");
+        assert!(
+            disk.untouched(),
+            "the disk behind the block device was written"
+        );
         let cache = c.cache();
         assert!(!contains(&cache, &secret), "host library name in the cache");
         assert!(!contains(&cache, "glibc-hwcaps"), "hwcaps dir followed");
@@ -289,7 +292,9 @@ fn block_device_cache_temporaries_and_hwcaps_symlink_to_the_host() {
     });
     // The planted nodes are still what they were (never replaced, never opened).
     let m = std::fs::symlink_metadata(c.rootfs.join("etc/ld.so.cache~")).unwrap();
-    assert!(std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+    assert!(std::os::unix::fs::FileTypeExt::is_block_device(
+        &m.file_type()
+    ));
 }
 
 #[test]
@@ -340,5 +345,8 @@ fn ld_so_cache_as_a_directory_is_refused_in_one_line() {
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line: {err}");
     assert!(lines[0].contains("ld.so.cache"), "{err}");
-    assert_eq!(std::fs::read(c.bundle.join("config.json")).unwrap(), pristine);
+    assert_eq!(
+        std::fs::read(c.bundle.join("config.json")).unwrap(),
+        pristine
+    );
 }

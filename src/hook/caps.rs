@@ -37,11 +37,7 @@ pub const IN_NAMESPACE: &[C] = &[
 ];
 
 /// The ld cache refresh (in-process, no exec): files in a rootfs owned by anyone.
-pub const LDCACHE: &[C] = &[
-    C::CAP_FOWNER,
-    C::CAP_DAC_OVERRIDE,
-    C::CAP_DAC_READ_SEARCH,
-];
+pub const LDCACHE: &[C] = &[C::CAP_FOWNER, C::CAP_DAC_OVERRIDE, C::CAP_DAC_READ_SEARCH];
 
 /// Reduce the effective, permitted and inheritable sets (and the bounding set, so a later exec
 /// as root cannot regain more) to `keep` ∩ what the process has. Never adds a capability.

@@ -30,6 +30,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
@@ -313,14 +314,15 @@ fn soname_link(dir: &OwnedFd, soname: &str, file: &str) -> Result<bool, Errno> {
         Ok(_) => {
             let tmp = temp_name(soname);
             nix::unistd::symlinkat(file, dir.as_fd(), tmp.as_str())?;
-            nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), soname)
-                .inspect_err(|_| {
+            nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), soname).inspect_err(
+                |_| {
                     let _ = nix::unistd::unlinkat(
                         dir.as_fd(),
                         tmp.as_str(),
                         nix::unistd::UnlinkatFlags::NoRemoveDir,
                     );
-                })?;
+                },
+            )?;
             Ok(true)
         }
         Err(Errno::ENOENT) => match nix::unistd::symlinkat(file, dir.as_fd(), soname) {
@@ -359,6 +361,40 @@ fn read_image_cache(root: &OwnedFd) -> Result<(Option<Cache>, String), Errno> {
 
 fn exists_in_root(root: &OwnedFd, rel: &str) -> bool {
     nix::fcntl::openat2(root.as_fd(), rel, in_root(OFlag::O_PATH)).is_ok()
+}
+
+fn dir_id(fd: &OwnedFd) -> Option<(u64, u64)> {
+    nix::sys::stat::fstat(fd)
+        .ok()
+        .map(|st| (st.st_dev, st.st_ino))
+}
+
+/// (device, inode) of the directory of a cache entry's path, resolved inside the root.
+fn entry_dir_id(
+    root: &OwnedFd,
+    value: &[u8],
+    memo: &mut std::collections::HashMap<Vec<u8>, Option<(u64, u64)>>,
+) -> Option<(u64, u64)> {
+    let parent = Path::new(std::ffi::OsStr::from_bytes(value)).parent()?;
+    let key = parent.as_os_str().as_bytes().to_vec();
+    if let Some(id) = memo.get(&key) {
+        return *id;
+    }
+    let rel = parent.strip_prefix("/").unwrap_or(parent);
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let id = nix::fcntl::openat2(
+        root.as_fd(),
+        rel,
+        in_root(OFlag::O_PATH | OFlag::O_DIRECTORY),
+    )
+    .ok()
+    .and_then(|fd| dir_id(&fd));
+    memo.insert(key, id);
+    id
 }
 
 /// Refresh the ld cache of `rootfs` for `folders` (see the module docs).
@@ -401,7 +437,11 @@ pub fn update(
         let d = if known {
             ensure_dir(&root, rel)
         } else {
-            nix::fcntl::openat2(root.as_fd(), rel, in_root(OFlag::O_PATH | OFlag::O_DIRECTORY))
+            nix::fcntl::openat2(
+                root.as_fd(),
+                rel,
+                in_root(OFlag::O_PATH | OFlag::O_DIRECTORY),
+            )
         };
         dirs.push(d.map_err(|errno| LdcacheError::Resolve {
             folder: f.clone(),
@@ -442,10 +482,24 @@ pub fn update(
     });
     // ldconfig adds a command-line folder's libraries in reverse directory order; any order
     // gives the same cache as long as sonames differ, which they do within a folder.
+    let mut ids = std::collections::HashMap::new();
     for l in &libs {
-        let Some(d) = folders.iter().position(|f| *f == l.folder).map(|i| &dirs[i]) else {
+        let Some(d) = folders
+            .iter()
+            .position(|f| *f == l.folder)
+            .map(|i| &dirs[i])
+        else {
             continue;
         };
+        // An image entry for this name in this very folder, under another spelling (`/lib64`
+        // for `/usr/lib64`), is the same slot: ldconfig lists a directory once.
+        let here = dir_id(d);
+        cache.entries.retain(|e| {
+            e.key != l.soname.as_bytes()
+                || e.hwcaps.is_some()
+                || here.is_none()
+                || entry_dir_id(&root, &e.value, &mut ids) != here
+        });
         let linked = l.file == l.soname
             || soname_link(d, &l.soname, &l.file)
                 .map_err(rerr(&format!("{}/{}", l.folder, l.soname)))?;

@@ -92,10 +92,14 @@ pub enum FormatError {
 }
 
 fn u32_at(b: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(o..o.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(o..o.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(o..o.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(o..o.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// The NUL-terminated string at `base + off`.
@@ -162,7 +166,7 @@ type Extensions = (Option<Vec<u8>>, Vec<Vec<u8>>);
 
 fn parse_extensions(b: &[u8], base: usize, ext: usize) -> Result<Extensions, FormatError> {
     let bad = |w| FormatError::Bounds(w);
-    if ext % 4 != 0 {
+    if !ext.is_multiple_of(4) {
         return Err(bad("extension offset alignment"));
     }
     if u32_at(b, ext).ok_or(bad("extension directory"))? != EXTENSION_MAGIC {
@@ -186,7 +190,7 @@ fn parse_extensions(b: &[u8], base: usize, ext: usize) -> Result<Extensions, For
         match tag {
             TAG_GENERATOR => generator = Some(data.to_vec()),
             // dl-cache.h drops a hwcaps section that is empty or misaligned.
-            TAG_HWCAPS if size > 0 && size % 4 == 0 && off % 4 == 0 => {
+            TAG_HWCAPS if size > 0 && size.is_multiple_of(4) && off.is_multiple_of(4) => {
                 hwcaps = data
                     .chunks_exact(4)
                     .map(|c| string_at(b, base, u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
@@ -367,7 +371,11 @@ fn string_table(strings: &[&[u8]]) -> (Vec<u8>, std::collections::HashMap<Vec<u8
 pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
     let n = c.entries.len();
     let too_large = |w| FormatError::TooLarge(w);
-    let mut hwcaps: Vec<&[u8]> = c.entries.iter().filter_map(|e| e.hwcaps.as_deref()).collect();
+    let mut hwcaps: Vec<&[u8]> = c
+        .entries
+        .iter()
+        .filter_map(|e| e.hwcaps.as_deref())
+        .collect();
     hwcaps.sort_unstable();
     hwcaps.dedup();
     let mut strings: Vec<&[u8]> = Vec::with_capacity(2 * n + hwcaps.len());
@@ -422,7 +430,12 @@ pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
     let generator_at = hwcaps_at + 4 * hwcaps.len();
     out.extend_from_slice(&EXTENSION_MAGIC.to_le_bytes());
     out.extend_from_slice(&(sections as u32).to_le_bytes());
-    for v in [TAG_GENERATOR, 0, generator_at as u32, generator.len() as u32] {
+    for v in [
+        TAG_GENERATOR,
+        0,
+        generator_at as u32,
+        generator.len() as u32,
+    ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     if !hwcaps.is_empty() {
@@ -479,18 +492,33 @@ mod tests {
         assert_eq!(c.entries[0].value, b"/usr/lib/gpu/libz.so.1");
         assert_eq!(c.entries[1].value, b"/lib/x86_64-linux-gnu/libz.so.1");
         // Same name and path again: replaced, not duplicated.
-        c.add(Entry::new("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", 0x303, 0));
+        c.add(Entry::new(
+            "libz.so.1",
+            "/lib/x86_64-linux-gnu/libz.so.1",
+            0x303,
+            0,
+        ));
         assert_eq!(c.entries.len(), 4);
         assert_eq!(c.entries[0].value, b"/lib/x86_64-linux-gnu/libz.so.1");
         // A 32-bit library (lower flags) sorts after the 64-bit one of the same name.
-        c.add(Entry::new("libz.so.1", "/lib/i386-linux-gnu/libz.so.1", 3, 0));
+        c.add(Entry::new(
+            "libz.so.1",
+            "/lib/i386-linux-gnu/libz.so.1",
+            3,
+            0,
+        ));
         assert_eq!(c.entries[2].value, b"/lib/i386-linux-gnu/libz.so.1");
     }
 
     #[test]
     fn write_then_parse_round_trips_with_hwcaps() {
         let mut c = sample();
-        let mut e = Entry::new("libz.so.1", "/usr/lib/glibc-hwcaps/x86-64-v3/libz.so.1", 0x303, 0);
+        let mut e = Entry::new(
+            "libz.so.1",
+            "/usr/lib/glibc-hwcaps/x86-64-v3/libz.so.1",
+            0x303,
+            0,
+        );
         e.hwcap = HWCAP_EXTENSION | (2 << 32);
         e.hwcaps = Some(b"x86-64-v3".to_vec());
         c.add(e);
@@ -580,7 +608,11 @@ mod tests {
                 key: k.into_bytes(),
                 value: v.into_bytes(),
                 osversion: os,
-                hwcap: if hw.is_some() { HWCAP_EXTENSION } else { legacy },
+                hwcap: if hw.is_some() {
+                    HWCAP_EXTENSION
+                } else {
+                    legacy
+                },
                 hwcaps: hw.map(|h| h.as_bytes().to_vec()),
             })
     }

@@ -1,5 +1,5 @@
 //! What ldconfig reads from a shared object for its cache entry (glibc `elf/readelflib.c` and
-//! the x86 wrapper): the soname, the cache flags and the ABI note's OS version. 32/64-bit,
+//! the x86 wrapper): the soname and the cache flags. 32/64-bit,
 //! little-endian. Reads through `read_at`, so a library is never mapped or read whole; every
 //! offset is checked.
 
@@ -16,7 +16,6 @@ const EM_PPC64: u16 = 21;
 const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
 const PT_INTERP: u32 = 3;
-const PT_NOTE: u32 = 4;
 const DT_NULL: u64 = 0;
 const DT_NEEDED: u64 = 1;
 const DT_STRTAB: u64 = 5;
@@ -53,7 +52,9 @@ impl Shape {
         if self.is64 {
             Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
         } else {
-            Some(u64::from(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?)))
+            Some(u64::from(u32::from_le_bytes(
+                b.get(o..o + 4)?.try_into().ok()?,
+            )))
         }
     }
     fn half(b: &[u8], o: usize) -> Option<u16> {
@@ -69,39 +70,6 @@ struct Segment {
     offset: u64,
     vaddr: u64,
     filesz: u64,
-    align: u64,
-}
-
-/// The GNU ABI tag's OS version in a PT_NOTE segment (0 when absent).
-fn abi_note(read_at: &ReadAt, s: &Segment) -> u32 {
-    if s.filesz < 32 {
-        return 0;
-    }
-    let align = match s.align {
-        a if a < 4 => 4,
-        a @ (4 | 8) => a,
-        _ => return 0,
-    };
-    let Some(b) = piece(read_at, s.offset, s.filesz) else {
-        return 0;
-    };
-    let up = |x: u64| x.div_ceil(align) * align;
-    let mut o = 0usize;
-    while o + 32 <= b.len() {
-        let w = |i: usize| Shape::u32(&b, o + 4 * i).unwrap_or(0);
-        if w(0) == 4 && w(1) == 16 && w(2) == 1 && b[o + 12..o + 16] == *b"GNU\0" {
-            return (w(4) << 24) | ((w(5) & 0xff) << 16) | ((w(6) & 0xff) << 8) | (w(7) & 0xff);
-        }
-        let next = up(up(12 + u64::from(w(0))) + u64::from(w(1)));
-        if next == 0 {
-            return 0;
-        }
-        o = match o.checked_add(next as usize) {
-            Some(n) => n,
-            None => return 0,
-        };
-    }
-    0
 }
 
 /// The NUL-terminated string at file offset `off` (at most 4 KiB).
@@ -128,9 +96,17 @@ pub fn inspect(read_at: &ReadAt, len: u64) -> Option<Dso> {
     }
     let machine = Shape::half(&eh, 18)?;
     let (phoff, phentsize, phnum) = if sh.is64 {
-        (sh.word(&eh, 32)?, Shape::half(&eh, 54)?, Shape::half(&eh, 56)?)
+        (
+            sh.word(&eh, 32)?,
+            Shape::half(&eh, 54)?,
+            Shape::half(&eh, 56)?,
+        )
     } else {
-        (sh.word(&eh, 28)?, Shape::half(&eh, 42)?, Shape::half(&eh, 44)?)
+        (
+            sh.word(&eh, 28)?,
+            Shape::half(&eh, 42)?,
+            Shape::half(&eh, 44)?,
+        )
     };
     let min_ph = if sh.is64 { 56 } else { 32 };
     if phentsize < min_ph {
@@ -146,7 +122,6 @@ pub fn inspect(read_at: &ReadAt, len: u64) -> Option<Dso> {
                     offset: sh.word(p, 8)?,
                     vaddr: sh.word(p, 16)?,
                     filesz: sh.word(p, 32)?,
-                    align: sh.word(p, 48)?,
                 }
             } else {
                 Segment {
@@ -154,24 +129,21 @@ pub fn inspect(read_at: &ReadAt, len: u64) -> Option<Dso> {
                     offset: sh.word(p, 4)?,
                     vaddr: sh.word(p, 8)?,
                     filesz: sh.word(p, 16)?,
-                    align: sh.word(p, 28)?,
                 }
             })
         })
         .collect();
 
     let mut flags = FLAG_ELF;
-    let mut osversion = 0;
     let mut dynamic = None;
     for s in &segs {
         match s.kind {
             PT_DYNAMIC if dynamic.is_none() => dynamic = Some((s.offset, s.filesz)),
-            PT_INTERP => {
-                if string_at(read_at, s.offset, len).as_deref() == Some("/lib/ld-linux.so.2") {
-                    flags = FLAG_ELF_LIBC6;
-                }
+            PT_INTERP
+                if string_at(read_at, s.offset, len).as_deref() == Some("/lib/ld-linux.so.2") =>
+            {
+                flags = FLAG_ELF_LIBC6;
             }
-            PT_NOTE if osversion == 0 => osversion = abi_note(read_at, s),
             _ => {}
         }
     }
@@ -183,16 +155,19 @@ pub fn inspect(read_at: &ReadAt, len: u64) -> Option<Dso> {
     let dent = if sh.is64 { 16 } else { 8 };
     let dyns: Vec<(u64, u64)> = dy
         .chunks_exact(dent)
-        .map(|e| (sh.word(e, 0).unwrap_or(0), sh.word(e, dent / 2).unwrap_or(0)))
+        .map(|e| {
+            (
+                sh.word(e, 0).unwrap_or(0),
+                sh.word(e, dent / 2).unwrap_or(0),
+            )
+        })
         .take_while(|&(t, _)| t != DT_NULL)
         .collect();
     let strtab = dyns.iter().find(|(t, _)| *t == DT_STRTAB)?.1;
     // The string table's virtual address → file offset through the PT_LOAD that maps it.
     let loadoff = segs
         .iter()
-        .find(|s| {
-            s.kind == PT_LOAD && strtab >= s.vaddr && strtab - s.vaddr < s.filesz
-        })
+        .find(|s| s.kind == PT_LOAD && strtab >= s.vaddr && strtab - s.vaddr < s.filesz)
         .map_or(0, |s| s.vaddr.wrapping_sub(s.offset));
     let str_off = strtab.wrapping_sub(loadoff);
     let mut soname = None;
@@ -222,7 +197,8 @@ pub fn inspect(read_at: &ReadAt, len: u64) -> Option<Dso> {
     Some(Dso {
         soname: soname.filter(|s| !s.is_empty()),
         flags,
-        osversion,
+        // glibc ≥ 2.36's ldconfig no longer reads the GNU ABI note: 0, as it stores.
+        osversion: 0,
     })
 }
 
@@ -267,14 +243,13 @@ mod tests {
     }
 
     #[test]
-    fn host_libc_has_its_soname_and_abi_note() {
+    fn host_libc_is_an_x86_64_libc6_library() {
         let Ok(f) = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6") else {
             return;
         };
         let d = inspect_file(&f).expect("libc is a DSO");
         assert_eq!(d.soname.as_deref(), Some("libc.so.6"));
         assert_eq!(d.flags, 0x303);
-        assert_ne!(d.osversion, 0, "libc carries a GNU ABI tag");
     }
 
     proptest::proptest! {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::Config;
 use crate::exit::Exit;
-use crate::hook::ldcache::{Libraries, LdcacheError};
+use crate::hook::ldcache::{LdcacheError, Libraries};
 use crate::plan::Plan;
 
 /// The refresh the wrapper does itself, taken out of the plan by [`take_over`].
@@ -122,14 +122,21 @@ impl Refresh {
             .map(|m| (m.container_path.clone(), PathBuf::from(&m.host_path)))
             .collect();
         let libs = crate::hook::ldcache::known_libraries(&mounts);
-        let outcome = crate::hook::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
-            .map_err(|e| {
-                let code = match e {
-                    LdcacheError::BadFolder(_) | LdcacheError::Resolve { .. } => 1,
-                    _ => 2,
-                };
-                Exit::new(code, format!("container {id}: ld cache refresh in {}: {e}", self.rootfs.display()))
-            })?;
+        let outcome =
+            crate::hook::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
+                .map_err(|e| {
+                    let code = match e {
+                        LdcacheError::BadFolder(_) | LdcacheError::Resolve { .. } => 1,
+                        _ => 2,
+                    };
+                    Exit::new(
+                        code,
+                        format!(
+                            "container {id}: ld cache refresh in {}: {e}",
+                            self.rootfs.display()
+                        ),
+                    )
+                })?;
         crate::hook::ldcache::log_outcome(id, &self.rootfs, &self.folders, &outcome);
         tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook, no ldconfig)");
         Ok(())
