@@ -17,6 +17,7 @@ pub mod config;
 pub mod exit;
 pub mod hook;
 pub mod inventory;
+pub mod ldso;
 pub mod logging;
 pub mod plan;
 pub mod quantity;
