@@ -20,6 +20,7 @@ pub mod enter;
 pub mod exit;
 pub mod hook;
 pub mod inventory;
+pub mod ldso;
 pub mod logging;
 pub mod plan;
 pub mod quantity;

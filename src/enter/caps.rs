@@ -39,14 +39,8 @@ pub const IN_NAMESPACE: &[C] = &[
     C::CAP_SETGID,
 ];
 
-/// The ld cache refresh (also the bounding set it execs ldconfig with): `ldconfig -r` chroots.
-pub const LDCACHE: &[C] = &[
-    C::CAP_SYS_CHROOT,
-    C::CAP_CHOWN,
-    C::CAP_FOWNER,
-    C::CAP_DAC_OVERRIDE,
-    C::CAP_DAC_READ_SEARCH,
-];
+/// The ld cache refresh (in-process, no exec): files in a rootfs owned by anyone.
+pub const LDCACHE: &[C] = &[C::CAP_FOWNER, C::CAP_DAC_OVERRIDE, C::CAP_DAC_READ_SEARCH];
 
 /// Reduce the effective, permitted and inheritable sets (and the bounding set, so a later exec
 /// as root cannot regain more) to `keep` ∩ what the process has. Never adds a capability.

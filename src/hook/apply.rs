@@ -11,8 +11,8 @@
 //! 3. on any failure the parent removes what it created on the host (the container state
 //!    directory) and the hook exits non-zero, which aborts the container's creation.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 
 use nix::sys::stat::SFlag;
 use tracing::{info, warn};
@@ -77,10 +77,10 @@ pub fn nodes_as_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError
 }
 
 /// The plan's ld cache refresh (its createContainer `update-ldcache` hook), done by the hook
-/// itself: the host's ldconfig is opened before `setns` and run with `-r ROOTFS`.
+/// itself after its mounts ([`crate::enter::ldcache::update`], in-process, libraries found in the
+/// folders).
 #[derive(Debug)]
 pub struct LdcacheRun {
-    pub ldconfig: OwnedFd,
     pub folders: Vec<String>,
 }
 
@@ -220,10 +220,10 @@ pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError
 
 /// Refresh the container's ld cache (in its mount namespace, before pivot_root).
 fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
-    let ldconfig = PathBuf::from(format!("/proc/self/fd/{}", l.ldconfig.as_raw_fd()));
-    crate::enter::ldcache::update(rootfs, &l.folders, &ldconfig)
-        .map_err(|e| HookError::Ldcache(e.to_string()))?;
-    info!(container = id, folders = ?l.folders, "ld cache refreshed");
+    let o =
+        crate::enter::ldcache::update(rootfs, &l.folders, &crate::enter::ldcache::Libraries::Scan)
+            .map_err(|e| HookError::Ldcache(e.to_string()))?;
+    crate::enter::ldcache::log_outcome(id, rootfs, &l.folders, &o);
     Ok(())
 }
 
@@ -232,10 +232,6 @@ fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError>
 pub enum Namespace {
     /// The container's (`setns` into this fd of `/proc/<pid>/ns/mnt`): hook mode.
     Join(OwnedFd),
-    /// A new one of the worker's own (`unshare(CLONE_NEWNS)`, every mount made private): its
-    /// mounts vanish with the worker, only what was written into the rootfs stays (the wrapper's
-    /// ld cache refresh before runc runs).
-    Private,
 }
 
 /// Fork a single-threaded child that enters `ns`, refuses shared mounts under `rootfs`,
@@ -289,25 +285,6 @@ fn enter(ns: Namespace) -> Result<(), HookError> {
                     errno,
                 }
             })
-        }
-        Namespace::Private => {
-            let err = |op, errno| HookError::Host {
-                path: "private mount namespace".into(),
-                op,
-                errno,
-            };
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-                .map_err(|e| err("unshare", e))?;
-            // The copies are still peers of the host's mounts until made private: only then
-            // can nothing mounted here propagate back.
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .map_err(|e| err("make / rprivate", e))
         }
     }
 }

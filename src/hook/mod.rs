@@ -320,19 +320,7 @@ pub(crate) fn ldcache_run(
     if folders.is_empty() {
         return Ok(None);
     }
-    let path =
-        crate::enter::ldcache::host_ldconfig().map_err(|e| HookError::Ldcache(e.to_string()))?;
-    let ldconfig = nix::fcntl::open(
-        &path,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|errno| HookError::Host {
-        path: path.display().to_string(),
-        op: "open ldconfig",
-        errno,
-    })?;
-    Ok(Some(apply::LdcacheRun { ldconfig, folders }))
+    Ok(Some(apply::LdcacheRun { folders }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.
