@@ -387,18 +387,7 @@ impl Config {
     }
 }
 
-/// Create `state-dir` if missing, mode 0711: host users may not list it or reach the
-/// per-container accounting files inside (containers reach theirs through a bind mount).
-pub fn create_state_dir(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if path.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(path)
-}
+pub use crate::hostfiles::create_state_dir;
 
 /// Join an absolute path under a root (`/` root gives the path unchanged).
 pub fn join_root(root: &Path, p: &str) -> PathBuf {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod enter;
 pub mod exit;
 pub mod hook;
+pub mod hostfiles;
 pub mod inventory;
 pub mod ldso;
 pub mod logging;

@@ -3,7 +3,6 @@
 //! (read-only bind mounts) and the ldcache createContainer hook. Every edit is built with the
 //! plan's helpers, so CDI and the runtime give containers the same things.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::cdi::parse::minimum_version;
@@ -139,26 +138,18 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), GenerateError> {
             dir,
         });
     }
-    let werr = |source: std::io::Error| GenerateError::Write {
-        path: path.to_path_buf(),
-        dir: dir.clone(),
-        source,
+    let opts = crate::hostfiles::Options {
+        mode: 0o644,
+        owner: None,
+        sync: true,
     };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .tempfile_in(&dir)
-        .map_err(werr)?;
-    tmp.write_all(contents).map_err(werr)?;
-    use std::os::unix::fs::PermissionsExt;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))
-        .map_err(werr)?;
-    tmp.as_file().sync_all().map_err(werr)?;
-    tmp.persist(path).map_err(|e| werr(e.error))?;
+    crate::hostfiles::write_atomic(path, contents, opts).map_err(|source| {
+        GenerateError::Write {
+            path: path.to_path_buf(),
+            dir: dir.clone(),
+            source,
+        }
+    })?;
     Ok(())
 }
 

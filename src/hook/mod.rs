@@ -190,9 +190,9 @@ fn enforce_plan(
     let mut nodes = apply::node_specs(plan)?;
     // The same state directory and host files as gpufence-runtime writes (same code): only
     // under state-dir, no symlink followed below it, atomic writes.
-    crate::runtime::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
-        code: e.code,
-        message: e.message,
+    crate::hostfiles::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
+        code: e.code(),
+        message: e.to_string(),
     })?;
     let mut mounts = apply::detach_mounts(plan)?;
     let ldcache = ldcache_run(plan)?;

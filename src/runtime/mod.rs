@@ -9,10 +9,9 @@
 //! directory once the real runtime has let go of the container.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::config::Config;
@@ -130,11 +129,12 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     if let Some(r) = refresh {
         r.run(id)?;
     }
-    write_host_files(cfg, id, &plan)?;
+    crate::hostfiles::write_host_files(cfg, id, &plan)
+        .map_err(|e| Exit::new(e.code(), e.to_string()))?;
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
-        write_atomic(&config_path, &bytes)
+        crate::hostfiles::replace_keeping_mode(&config_path, &bytes)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     Ok(())
@@ -208,130 +208,6 @@ fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
     PathBuf::from(if is_crun { "/run/crun" } else { "/run/runc" })
 }
 
-/// True when `p` is `base/<one component>/…` with no `..` anywhere.
-fn is_under(p: &Path, base: &Path) -> bool {
-    p.is_absolute()
-        && !p.components().any(|c| c == Component::ParentDir)
-        && p.strip_prefix(base)
-            .is_ok_and(|r| r.components().count() >= 1)
-}
-
-/// The container's state directory and the files the plan asks for (quota 0444, generated
-/// ld.so.preload), each written atomically, and the empty shared accounting file (0666) when the
-/// container has a quota. Only paths inside `state-dir` are accepted.
-pub(crate) fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
-    let base = &cfg.state_dir;
-    let outside = |what: &str, p: &Path| {
-        Exit::invalid(format!(
-            "container {id}: {what} {} is outside state-dir {}",
-            p.display(),
-            base.display()
-        ))
-    };
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(d) = &plan.state_dir {
-        let d = PathBuf::from(d);
-        if !is_under(&d, base) {
-            return Err(outside("state directory", &d));
-        }
-        dirs.push(d);
-    }
-    for f in &plan.host_files {
-        let p = PathBuf::from(&f.path);
-        if !is_under(&p, base) {
-            return Err(outside("host file", &p));
-        }
-        if let Some(parent) = p.parent() {
-            dirs.push(parent.to_path_buf());
-        }
-    }
-    for d in &dirs {
-        create_dir_nofollow(base, d)
-            .map_err(|e| Exit::env(format!("state directory {}: {e}", d.display())))?;
-    }
-    for f in &plan.host_files {
-        let p = Path::new(&f.path);
-        write_file_atomic(p, f.contents.as_bytes(), f.mode, None)
-            .map_err(|e| Exit::env(format!("{}: {e}", p.display())))?;
-    }
-    Ok(())
-}
-
-/// `mkdir -p` of `dir` (under `base`), refusing symlinks on the way below `base`.
-fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
-    crate::config::create_state_dir(base)?;
-    let rel = dir
-        .strip_prefix(base)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "outside state-dir"))?;
-    let mut cur = base.to_path_buf();
-    for c in rel.components() {
-        cur.push(c);
-        match std::fs::symlink_metadata(&cur) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a directory", cur.display()),
-                ));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&cur)?;
-                std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(0o755))?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Write `path` atomically: a temp file beside it (never following a symlink), then rename.
-/// `owner` keeps the original file's uid/gid.
-fn write_file_atomic(
-    path: &Path,
-    bytes: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.gpufence-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode & 0o7777)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        // umask may have masked the mode.
-        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Replace `config.json` atomically with the same mode and owner.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let meta = std::fs::metadata(path)?;
-    write_file_atomic(
-        path,
-        bytes,
-        meta.permissions().mode(),
-        Some((meta.uid(), meta.gid())),
-    )
-}
-
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
 pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
     let me = std::env::current_exe()
@@ -401,130 +277,4 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         }
     }
     std::process::exit(code)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn under() {
-        let b = Path::new("/run/gpufence/c1");
-        assert!(is_under(Path::new("/run/gpufence/c1/quota"), b));
-        assert!(!is_under(Path::new("/run/gpufence/c1"), b));
-        assert!(!is_under(Path::new("/run/gpufence/c1/../c2/quota"), b));
-        assert!(!is_under(Path::new("/etc/passwd"), b));
-        assert!(!is_under(Path::new("run/gpufence/c1/x"), b));
-    }
-
-    #[test]
-    fn atomic_write_keeps_mode() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("config.json");
-        std::fs::write(&p, b"{}").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-        write_atomic(&p, b"{\"a\":1}").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
-            0o640
-        );
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn host_state_dir_holds_nothing_container_writable() {
-        let d = tempfile::tempdir().unwrap();
-        let cfg = Config {
-            state_dir: d.path().join("state"),
-            ..Config::default()
-        };
-        let own = cfg.container_state_dir("c1");
-        let quota = crate::quota::Quota {
-            oversubscribe: false,
-            devices: vec![],
-        };
-        let plan = Plan {
-            state_dir: Some(own.display().to_string()),
-            quota: Some(quota.clone()),
-            host_files: vec![crate::plan::HostFile {
-                path: own.join("quota").display().to_string(),
-                contents: quota.render(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        // Only the read-only quota: the accounting region lives in the container's own tmpfs.
-        let names: Vec<String> = std::fs::read_dir(&own)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["quota"]);
-        assert_eq!(
-            std::fs::metadata(&own).unwrap().permissions().mode() & 0o7777,
-            0o755
-        );
-        for m in &crate::plan::state_tmpfs(false).options {
-            assert!(!m.starts_with("bind"), "{m}");
-        }
-    }
-
-    #[test]
-    fn host_files_stay_in_state_dir() {
-        let d = tempfile::tempdir().unwrap();
-        let cfg = Config {
-            state_dir: d.path().join("state"),
-            ..Config::default()
-        };
-        let own = cfg.container_state_dir("c1");
-        let plan = Plan {
-            state_dir: Some(own.display().to_string()),
-            host_files: vec![crate::plan::HostFile {
-                path: own.join("quota").display().to_string(),
-                contents: "version=1\n".into(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        let q = own.join("quota");
-        assert_eq!(std::fs::read_to_string(&q).unwrap(), "version=1\n");
-        assert_eq!(
-            std::fs::metadata(&q).unwrap().permissions().mode() & 0o777,
-            0o444
-        );
-        // Rewriting a read-only file works (rename, not truncate).
-        write_host_files(&cfg, "c1", &plan).unwrap();
-
-        // A node-wide file directly under state-dir is fine.
-        let node_wide = Plan {
-            host_files: vec![crate::plan::HostFile {
-                path: cfg.state_dir.join("ld.so.preload").display().to_string(),
-                contents: "/usr/lib/gpufence/libgpufence.so\n".into(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &node_wide).unwrap();
-
-        let evil = Plan {
-            host_files: vec![crate::plan::HostFile {
-                path: d.path().join("elsewhere").display().to_string(),
-                contents: String::new(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c1", &evil).is_err());
-        assert!(!d.path().join("elsewhere").exists());
-
-        // A symlink planted where the container directory goes is refused.
-        std::os::unix::fs::symlink("/tmp", cfg.state_dir.join("c2")).unwrap();
-        let plan2 = Plan {
-            state_dir: Some(cfg.container_state_dir("c2").display().to_string()),
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c2", &plan2).is_err());
-    }
 }
