@@ -13,10 +13,16 @@
 pub mod allocation;
 pub mod backend;
 pub mod cdi;
+pub mod cdigen;
+pub mod cgroup;
+pub mod child;
 pub mod config;
+pub mod enter;
 pub mod exit;
 pub mod hook;
+pub mod hostfiles;
 pub mod inventory;
+pub mod ldso;
 pub mod logging;
 pub mod mps;
 pub mod plan;

@@ -41,7 +41,7 @@ pub enum BackendError {
     #[error(transparent)]
     PathForm(#[from] super::cgroup::PathFormError),
     #[error(transparent)]
-    Cgroup(#[from] crate::hook::cgroup::CgroupError),
+    Cgroup(#[from] crate::cgroup::CgroupError),
     #[error(transparent)]
     Nvml(#[from] NvmlCallError),
 }
@@ -76,7 +76,7 @@ pub fn container_namespace(
     let proc_cgroup = read_file(Path::new(&format!("/proc/{pid}/cgroup")))?;
     let own = read_file(Path::new("/proc/self/cgroup"))?;
     let mountinfo = read_file(Path::new("/proc/self/mountinfo"))?;
-    let located = crate::hook::cgroup::locate(&proc_cgroup, &mountinfo)?;
+    let located = crate::cgroup::locate(&proc_cgroup, &mountinfo)?;
     let dir = located.v2.ok_or(BackendError::NoV2)?;
     let actual = super::cgroup::v2_member(&proc_cgroup).unwrap_or_default();
     let cgroups_path = spec

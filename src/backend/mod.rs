@@ -83,6 +83,12 @@ pub struct DriverLimit {
     pub hard: u64,
 }
 
+/// The plan's `isolation` statement when the driver enforces a memory quota of the container.
+pub const DRIVER_ISOLATION: &str = "the driver enforces the memory quota of every device whose \
+    backend is driver or both on the container's cgroup, for every process of the container \
+    (including one that bypasses the preloaded shim); devices left to the shim are held only \
+    against mistakes and honest overuse";
+
 /// Why the driver cannot enforce a quota on this device (`None`: it can).
 fn driver_unsupported(d: &AllocatedDevice, inv: &Inventory, forced: bool) -> Option<String> {
     if matches!(d.device, DeviceRef::Mig { .. }) {
