@@ -16,6 +16,7 @@ pub mod config;
 pub mod exit;
 pub mod hook;
 pub mod inventory;
+pub mod kubelet;
 pub mod logging;
 pub mod plan;
 pub mod quantity;
