@@ -75,6 +75,12 @@ pub struct Plan {
     pub env_overrides: Vec<String>,
     /// Human-readable notes about decisions (e.g. which env was neutralised and why).
     pub notes: Vec<String>,
+    /// GPU env not acted on as written, and why (`allocation.trust-env = "kubelet"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neutralised: Vec<crate::allocation::kubelet_env::Neutralised>,
+    /// What kubelet recorded for this container (`allocation.trust-env = "kubelet"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<crate::allocation::kubelet_env::KubeletReport>,
 }
 
 impl Plan {
@@ -101,15 +107,30 @@ pub fn plan(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Plan, crate::allocation::AllocationError> {
+    let none = crate::kubelet::KubeletSource::Absent;
+    plan_with(spec, container_id, inventory, config, cdi_specs, &none)
+}
+
+/// [`plan`] with what kubelet recorded for the container ([`crate::kubelet::load`]).
+pub fn plan_with(
+    spec: &serde_json::Value,
+    container_id: &str,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    kubelet: &crate::kubelet::KubeletSource,
+) -> Result<Plan, crate::allocation::AllocationError> {
     use crate::allocation::{AllocationError, DeviceRef};
     use crate::inventory::{Capability, DeviceNode};
 
     validate_container_id(container_id)?;
-    let intake = crate::allocation::read(spec, inventory, config, cdi_specs)?;
+    let intake = crate::allocation::read_with(spec, inventory, config, cdi_specs, kubelet)?;
     let mut plan = Plan {
         container_id: container_id.to_string(),
         env_overrides: intake.env_overrides,
         notes: intake.notes,
+        neutralised: intake.neutralised,
+        kubelet: intake.kubelet,
         ..Plan::default()
     };
     let Some(alloc) = intake.allocation else {

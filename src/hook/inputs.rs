@@ -44,7 +44,8 @@ pub fn plan(
         Err(e) => (empty_inventory(), Some(e)),
     };
     let specs = crate::runtime::load_cdi_specs(spec);
-    let plan = match crate::plan::plan(spec, id, &inv, cfg, &specs) {
+    let kubelet = crate::kubelet::load(cfg, spec, None);
+    let plan = match crate::plan::plan_with(spec, id, &inv, cfg, &specs, &kubelet) {
         Ok(p) => p,
         Err(e) => {
             return Err(match inventory_error {

@@ -113,7 +113,8 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         Err(e) => (empty_inventory(), Some(e)),
     };
     let cdi_specs = load_cdi_specs(&spec);
-    let mut plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
+    let kubelet = crate::kubelet::load(cfg, &spec, None);
+    let mut plan = match crate::plan::plan_with(&spec, id, &inventory, cfg, &cdi_specs, &kubelet) {
         Ok(p) => p,
         Err(e) => {
             return Err(Exit::invalid(match inventory_error {
@@ -169,6 +170,8 @@ fn log_decision(id: &str, plan: &Plan) {
             container = id,
             env_overrides = ?plan.env_overrides,
             notes = ?plan.notes,
+            neutralised = ?plan.neutralised,
+            kubelet = plan.kubelet.as_ref().map_or("-", |k| k.status.as_str()),
             "no allocation: no GPU"
         ),
         Some(a) => {
@@ -201,6 +204,12 @@ fn log_decision(id: &str, plan: &Plan) {
                 devices = ?devices,
                 quotas = ?quotas,
                 oversubscribe = a.oversubscribe,
+                sources = ?a
+                    .sources
+                    .iter()
+                    .map(|s| format!("{}:{}:{:?}:{}", s.facet, s.dialect, s.origin, s.key))
+                    .collect::<Vec<_>>(),
+                neutralised = ?plan.neutralised,
                 device_nodes = plan.edits.device_nodes.len(),
                 mounts = plan.edits.mounts.len(),
                 "allocation applied"
