@@ -95,15 +95,18 @@ pub enum Dialect {
     Hami,
     Gpushare,
     Nvidia,
+    /// KAI scheduler's NvFractions pod annotations (`nvidia.com/container.<name>.*`).
+    Kai,
 }
 
 impl Dialect {
-    pub const ALL: [Dialect; 5] = [
+    pub const ALL: [Dialect; 6] = [
         Dialect::Gpufence,
         Dialect::Cdi,
         Dialect::Hami,
         Dialect::Gpushare,
         Dialect::Nvidia,
+        Dialect::Kai,
     ];
     /// Dialects whose allocation is read from the process environment.
     pub fn is_env_based(self) -> bool {
@@ -116,6 +119,7 @@ impl Dialect {
             Dialect::Hami => "hami",
             Dialect::Gpushare => "gpushare",
             Dialect::Nvidia => "nvidia",
+            Dialect::Kai => "kai",
         }
     }
 }

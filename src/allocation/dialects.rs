@@ -43,7 +43,7 @@ pub struct Part {
 }
 
 impl Part {
-    fn new(dialect: Dialect) -> Part {
+    pub fn new(dialect: Dialect) -> Part {
         Part {
             dialect,
             devices: None,

@@ -140,6 +140,7 @@ pub mod devices;
 pub mod dialects;
 pub mod input;
 pub mod kubelet_env;
+pub mod scheduler;
 
 use devices::{Resolved, describe};
 use dialects::{Facet, Part};
@@ -240,6 +241,10 @@ pub fn read_with(
             dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
             env_origin,
         );
+    }
+    let record = view.report.as_ref().and_then(|r| r.record.as_ref());
+    for p in scheduler::read(inputs, inventory, config, record)? {
+        add(p, Origin::Annotation);
     }
 
     // Devices: every dialect that names gpufence devices must name the same set.
