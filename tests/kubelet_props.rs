@@ -170,7 +170,7 @@ proptest! {
                 for d in &a.devices {
                     let named = recorded.iter().any(|(k, (v, _))| {
                         (*k == "NVIDIA_VISIBLE_DEVICES"
-                            && v.split(',').any(|t| t == d.uuid || inv.gpus.iter().any(|g| g.uuid == d.uuid && t == g.index.to_string())))
+                            && v.split(',').any(|t| t == "all" || t == d.uuid || inv.gpus.iter().any(|g| g.uuid == d.uuid && t == g.index.to_string())))
                             || (*k == "ALIYUN_COM_GPU_MEM_IDX"
                                 && inv.gpus.iter().any(|g| g.uuid == d.uuid && v.split(',').any(|t| t == g.index.to_string())))
                     });

@@ -146,10 +146,18 @@ pub fn view(
             }
         }
     }
-    // The recorded env, in key order, replaces the GPU env the dialects read.
-    for (k, (val, _)) in &recorded {
+    // The recorded env, in key order, replaces the GPU env the dialects read; recorded keys
+    // missing from config.json are set as recorded.
+    for (k, (val, res)) in &recorded {
         if is_gpu_env_key(k) {
             env.push((k.to_string(), val.to_string()));
+            if !seen.iter().any(|s| s == k) {
+                intake.env_overrides.push(format!("{k}={val}"));
+                intake.notes.push(format!(
+                    "set {k}={:?} as kubelet recorded for {res}",
+                    short(val)
+                ));
+            }
         }
     }
     v.inputs.env = env;
