@@ -7,7 +7,7 @@ use gpufence::config::{Config, Dialect, MemoryUnit, ShimInject, TrustEnv};
 #[path = "../../tests/alloc_support/mod.rs"]
 mod alloc_support;
 
-pub use alloc_support::{inventory, uuid};
+pub use alloc_support::inventory;
 
 /// A node config from two selector bytes: which dialects are enabled, which are trusted from the
 /// environment, shim injection, HAMi-core library, gpushare memory unit.

@@ -23,10 +23,12 @@ fuzz_target!(|data: &[u8]| {
         pod: None,
     };
     let source = kubelet::from_checkpoint_bytes(data, &id, "/cp");
+    let inv = plan_check::inventory();
+    let specs = plan_check::foreign_specs();
     let spec = serde_json::json!({
         "process": {"env": [
             "NVIDIA_VISIBLE_DEVICES=all",
-            format!("NVIDIA_VISIBLE_DEVICES={}", plan_check::uuid(1)),
+            format!("NVIDIA_VISIBLE_DEVICES={}", inv.gpus[1].uuid),
             "CUDA_DEVICE_MEMORY_LIMIT_0=1m",
             "ALIYUN_COM_GPU_MEM_IDX=0",
         ]},
@@ -35,11 +37,10 @@ fuzz_target!(|data: &[u8]| {
             "io.kubernetes.cri.container-name": "c",
         },
     });
-    let inv = plan_check::inventory();
     let config = plan_check::config(0, 0);
     let mut config = config;
     config.allocation.trust_env = gpufence::config::TrustEnv::default();
-    match gpufence::plan::plan_with(&spec, "ctr-1", &inv, &config, &[], &source) {
+    match gpufence::plan::plan_with(&spec, "ctr-1", &inv, &config, &specs, &source) {
         Ok(p) => {
             plan_check::check(&p, &inv);
             if let Some(a) = &p.allocation {
@@ -55,7 +56,10 @@ fuzz_target!(|data: &[u8]| {
                     })
                     .map(|(_, (v, _))| *v)
                     .collect();
-                assert!(!recorded.is_empty(), "granted {a:?} without recorded GPU env");
+                assert!(
+                    !recorded.is_empty(),
+                    "granted {a:?} without recorded GPU env"
+                );
             }
         }
         Err(e) => {

@@ -213,7 +213,14 @@ pub fn refusal(v: &View, has_allocation: bool) -> Result<(), AllocationError> {
     if has_allocation {
         return Ok(());
     }
-    match v.inputs.env.iter().find(|(k, val)| asks_for_gpu(k, val)) {
+    // The last one: what the CRI runtime put after the image's env.
+    match v
+        .inputs
+        .env
+        .iter()
+        .rev()
+        .find(|(k, val)| asks_for_gpu(k, val))
+    {
         None => Ok(()),
         Some((k, val)) => Err(AllocationError::new(
             k,
