@@ -7,10 +7,8 @@ mod alloc_support;
 use alloc_support::*;
 use gpufence::allocation::{AllocationError, DeviceRef, Origin};
 use gpufence::config::Config;
-use gpufence::kubelet::{
-    self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID, KubeletSource, PodIdentity,
-};
-use gpufence::plan::{Plan, plan_with};
+use gpufence::kubelet::{self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID};
+use gpufence::plan::Plan;
 
 const POD: &str = "6f1c2a3b-0d4e-4f5a-9b8c-7d6e5f4a3b2c";
 const MIB: u64 = 1 << 20;
@@ -27,18 +25,7 @@ fn run(
     checkpoint: Option<&str>,
     config: &Config,
 ) -> Result<Plan, AllocationError> {
-    let ann = s["annotations"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-        .collect();
-    let id = PodIdentity::from_annotations(&ann).unwrap();
-    let source = match (checkpoint, id) {
-        (Some(cp), Some(id)) => kubelet::from_checkpoint_bytes(cp.as_bytes(), &id, "/cp"),
-        _ => KubeletSource::Absent,
-    };
-    plan_with(s, "ctr-1", &inventory(), config, &[], &source)
+    plan_with_checkpoint(s, checkpoint, config)
 }
 
 fn devices(p: &Plan) -> Vec<(u32, Option<u64>, Option<u8>)> {

@@ -11,7 +11,7 @@ use gpufence::allocation::{AllocationError, DeviceRef, Origin};
 use gpufence::config::Config;
 use gpufence::kubelet::{
     self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID, CRIO_CONTAINER_NAME, CRIO_POD_UID,
-    KubeletSource, PodIdentity, checkpoint::Entry,
+    KubeletSource, checkpoint::Entry,
 };
 use gpufence::plan::{Plan, plan_with};
 
@@ -72,17 +72,7 @@ fn plan_from(
     checkpoint: &str,
     config: &Config,
 ) -> Result<Plan, AllocationError> {
-    let ann = spec["annotations"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
-        .collect();
-    let source = match PodIdentity::from_annotations(&ann).unwrap() {
-        Some(id) => kubelet::from_checkpoint_bytes(checkpoint.as_bytes(), &id, "/cp"),
-        None => KubeletSource::Absent,
-    };
-    plan_with(spec, "ctr-1", &inventory(), config, &[], &source)
+    plan_with_checkpoint(spec, Some(checkpoint), config)
 }
 
 fn devices(p: &Plan) -> Vec<(DeviceRef, Option<u64>, Option<u8>)> {

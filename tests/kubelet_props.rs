@@ -8,25 +8,15 @@
 //!   where kubelet recorded a device plugin's env for that very container, and only those.
 
 mod alloc_support;
+mod prop_support;
 
 use alloc_support::*;
 use gpufence::kubelet::{
     self, KubeletSource, PodIdentity,
     checkpoint::{Checkpoint, Entry},
 };
+use prop_support::cases;
 use proptest::prelude::*;
-
-fn cases(default: u32) -> ProptestConfig {
-    let n = std::env::var("GPUFENCE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases: n,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![

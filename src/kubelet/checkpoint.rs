@@ -182,16 +182,6 @@ pub fn fnv32a(bytes: &[u8]) -> u32 {
 /// `map[k:v k:v]` with sorted keys (NUMA keys numerically).
 pub fn render(cp: &Checkpoint) -> String {
     use std::fmt::Write as _;
-    fn strings(out: &mut String, l: &Option<Vec<String>>) {
-        match l {
-            None => out.push_str("<nil>"),
-            Some(v) => {
-                out.push('[');
-                out.push_str(&v.join(" "));
-                out.push(']');
-            }
-        }
-    }
     let mut out =
         String::from("(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)");
     match &cp.entries {
@@ -208,34 +198,13 @@ pub fn render(cp: &Checkpoint) -> String {
                      DeviceIDs:(checkpoint.DevicesPerNUMA)",
                     e.pod_uid, e.container_name, e.resource_name
                 );
-                match &e.device_ids {
-                    None => out.push_str("<nil>"),
-                    Some(m) => {
-                        let mut m: Vec<&(i64, Option<Vec<String>>)> = m.iter().collect();
-                        m.sort_by_key(|(k, _)| *k);
-                        out.push_str("map[");
-                        for (j, (k, v)) in m.iter().enumerate() {
-                            if j > 0 {
-                                out.push(' ');
-                            }
-                            let _ = write!(out, "{k}:");
-                            strings(&mut out, v);
-                        }
-                        out.push(']');
-                    }
-                }
+                render_map(&mut out, e.device_ids.as_deref(), |a, b| a.cmp(b));
                 out.push_str(" AllocResp:([]uint8)");
                 match &e.alloc_resp {
                     None => out.push_str("<nil>"),
                     Some(b) => {
-                        out.push('[');
-                        for (j, x) in b.iter().enumerate() {
-                            if j > 0 {
-                                out.push(' ');
-                            }
-                            let _ = write!(out, "{x}");
-                        }
-                        out.push(']');
+                        let bytes: Vec<String> = b.iter().map(u8::to_string).collect();
+                        let _ = write!(out, "[{}]", bytes.join(" "));
                     }
                 }
                 out.push('}');
@@ -244,25 +213,41 @@ pub fn render(cp: &Checkpoint) -> String {
         }
     }
     out.push_str(" RegisteredDevices:(map[string][]string)");
-    match &cp.registered {
-        None => out.push_str("<nil>"),
-        Some(m) => {
-            let mut m: Vec<&(String, Option<Vec<String>>)> = m.iter().collect();
-            m.sort_by(|a, b| a.0.cmp(&b.0));
-            out.push_str("map[");
-            for (j, (k, v)) in m.iter().enumerate() {
-                if j > 0 {
-                    out.push(' ');
-                }
-                out.push_str(k);
-                out.push(':');
-                strings(&mut out, v);
-            }
-            out.push(']');
-        }
-    }
+    render_map(&mut out, cp.registered.as_deref(), |a, b| a.cmp(b));
     out.push('}');
     out
+}
+
+/// A Go map of string lists as go-spew prints it: `<nil>`, or `map[k:[a b] k:<nil>]` with the
+/// keys sorted by `order`.
+fn render_map<K: fmt::Display>(
+    out: &mut String,
+    map: Option<&[(K, Option<Vec<String>>)]>,
+    order: impl Fn(&K, &K) -> std::cmp::Ordering,
+) {
+    let Some(map) = map else {
+        out.push_str("<nil>");
+        return;
+    };
+    let mut items: Vec<&(K, Option<Vec<String>>)> = map.iter().collect();
+    items.sort_by(|a, b| order(&a.0, &b.0));
+    out.push_str("map[");
+    for (j, (k, v)) in items.iter().enumerate() {
+        if j > 0 {
+            out.push(' ');
+        }
+        out.push_str(&k.to_string());
+        out.push(':');
+        match v {
+            None => out.push_str("<nil>"),
+            Some(v) => {
+                out.push('[');
+                out.push_str(&v.join(" "));
+                out.push(']');
+            }
+        }
+    }
+    out.push(']');
 }
 
 // ---------------------------------------------------------------------------------------------
