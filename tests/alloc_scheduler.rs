@@ -315,3 +315,28 @@ fn configure_passes_the_scheduler_annotations() {
         assert!(list.contains(&k), "{k}");
     }
 }
+
+#[test]
+fn podman_containers_scheduler_annotations_are_dropped() {
+    let v = hami_value(&[&[(1, 3000, 30)]]);
+    let s = container(
+        "main",
+        &[
+            ("hami.io/vgpu-devices-allocated", &v),
+            ("nvidia.com/container.main.gpus.devices", "0"),
+            ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+            ("ALIYUN_COM_GPU_MEM_POD", "2"),
+            ("io.container.manager", "libpod"),
+        ],
+        &[],
+    );
+    let p = run(&s, None, &config()).unwrap();
+    assert!(p.grants_nothing());
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("hami.io/vgpu-devices-allocated")),
+        "{:?}",
+        p.notes
+    );
+}

@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod cli;
-
 use crate::cdi::ContainerEdits;
 use crate::config::Dialect;
 use crate::inventory::Capability;
@@ -136,14 +134,16 @@ impl AllocationError {
     }
 }
 
+mod agree;
 pub mod devices;
 pub mod dialects;
 pub mod input;
 pub mod kubelet_env;
+pub mod libpod;
 pub mod scheduler;
 
 use devices::{Resolved, describe};
-use dialects::{Facet, Part};
+use dialects::Part;
 use input::Inputs;
 
 /// A value shortened for messages.
@@ -196,6 +196,10 @@ pub fn read(
 
 /// Read the allocation from a parsed `config.json` and what kubelet recorded for the container
 /// (loaded at the edge, [`crate::kubelet::load`]). Pure.
+///
+/// Each enabled dialect is read into a [`Part`] (env-borne ones from the env kubelet vouches for,
+/// [`kubelet_env::view`]); the parts must agree facet by facet ([`agree`]); then untrusted env
+/// is neutralised and the normalised [`Allocation`] assembled.
 pub fn read_with(
     spec: &serde_json::Value,
     inventory: &crate::inventory::Inventory,
@@ -204,137 +208,43 @@ pub fn read_with(
     kubelet: &crate::kubelet::KubeletSource,
 ) -> Result<Intake, AllocationError> {
     let mut intake = Intake::default();
-    let view = kubelet_env::view(Inputs::from_spec(spec)?, config, kubelet, &mut intake)?;
+    let mut raw = Inputs::from_spec(spec)?;
+    let dropped = libpod::drop_untrusted(
+        &mut raw.annotations,
+        config.allocation.trust_libpod_annotations,
+    );
+    let view = kubelet_env::view(raw, config, kubelet, &mut intake)?;
     let (inputs, config) = (&view.inputs, &view.config);
     let ac = &config.allocation;
+    let record = view.report.as_ref().and_then(|r| r.record.as_ref());
     let env_origin = if view.from_kubelet {
         Origin::Kubelet
     } else {
         Origin::Env
     };
-    let mut parts: Vec<Part> = Vec::new();
-    let mut origins: Vec<Origin> = Vec::new();
-    let mut add = |p: Part, o: Origin| {
-        parts.push(p);
-        origins.push(o);
-    };
-    if ac.enabled(Dialect::Gpufence) {
-        add(
-            dialects::gpufence_devices(inputs, inventory)?,
-            Origin::Annotation,
-        );
-    }
-    if ac.enabled(Dialect::Cdi) {
-        add(
-            dialects::cdi(inputs, inventory, cdi_specs)?,
-            Origin::Annotation,
-        );
-    }
-    if ac.honours(Dialect::Hami) {
-        add(dialects::hami(inputs, inventory)?, env_origin);
-    }
-    if ac.honours(Dialect::Gpushare) {
-        add(dialects::gpushare(inputs, inventory, config)?, env_origin);
-    }
-    if ac.enabled(Dialect::Nvidia) {
-        add(
-            dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
-            env_origin,
-        );
-    }
-    let record = view.report.as_ref().and_then(|r| r.record.as_ref());
-    for p in scheduler::read(inputs, inventory, config, record)? {
-        add(p, Origin::Annotation);
-    }
-
-    // Devices: every dialect that names gpufence devices must name the same set.
-    let mut base: Option<(Dialect, &Facet<Vec<Resolved>>)> = None;
-    for p in &parts {
-        let Some(d) = &p.devices else { continue };
-        match base {
-            None => base = Some((p.dialect, d)),
-            Some((bd, b)) => {
-                let mut x: Vec<DeviceRef> = b.values.iter().map(|r| r.device).collect();
-                let mut y: Vec<DeviceRef> = d.values.iter().map(|r| r.device).collect();
-                x.sort();
-                y.sort();
-                if x != y {
-                    return Err(disagree(
-                        p.dialect,
-                        d,
-                        bd,
-                        &b.key,
-                        &b.value,
-                        "devices differ",
-                    ));
-                }
-            }
-        }
-    }
-    let devices: Vec<Resolved> = base.map(|(_, b)| b.values.clone()).unwrap_or_default();
-
+    let (mut parts, mut origins) =
+        read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
+    let devices = agree::devices(&parts)?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
-        let limits = dialects::gpufence_limits(inputs, &devices)?;
-        parts.push(limits);
+        parts.push(dialects::gpufence_limits(inputs, &devices)?);
         origins.push(Origin::Annotation);
     }
-    let memory = agree(&parts, &devices, |p| p.memory.as_ref())?;
-    let cores = agree(&parts, &devices, |p| p.cores.as_ref())?;
-    let mut oversubscribe: Option<(Dialect, &Facet<bool>)> = None;
-    for p in &parts {
-        let Some(o) = &p.oversubscribe else { continue };
-        match oversubscribe {
-            None => oversubscribe = Some((p.dialect, o)),
-            Some((bd, b)) if b.values != o.values => {
-                return Err(disagree(
-                    p.dialect,
-                    o,
-                    bd,
-                    &b.key,
-                    &b.value,
-                    "oversubscription differs",
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    let oversubscribe = oversubscribe.is_some_and(|(_, o)| o.values);
-
-    // Quota larger than the device: refused unless the container may spill to host memory.
+    let memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
+    let cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
+    let oversubscribe = agree::oversubscribe(&parts)?;
     if !oversubscribe {
-        for (i, r) in devices.iter().enumerate() {
-            if let Some((Some(m), key, value)) = memory.get(i).map(|(m, k, v)| (*m, k, v))
-                && m > r.memory_bytes
-            {
-                return Err(AllocationError::new(
-                    key,
-                    value,
-                    format!(
-                        "{} exceeds the memory of {} ({})",
-                        crate::quantity::format_bytes(m),
-                        describe(&r.device, &r.uuid),
-                        crate::quantity::format_bytes(r.memory_bytes)
-                    ),
-                ));
-            }
-        }
+        check_memory_fits(&devices, &memory)?;
     }
 
-    let mut foreign: Vec<ForeignCdiDevice> = Vec::new();
-    for p in &parts {
-        foreign.extend(p.foreign.iter().cloned());
+    let foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
+    if !dropped.is_empty() {
+        intake.notes.push(format!(
+            "ignored {} of a podman (libpod) container: podman copies image annotations into the \
+             container's (allocation.trust-libpod-annotations = false; use CDI --device)",
+            dropped.join(", ")
+        ));
     }
-    let dialects_used: Vec<Dialect> = {
-        let mut d: Vec<Dialect> = parts
-            .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| p.dialect)
-            .collect();
-        d.sort();
-        d.dedup();
-        d
-    };
     let nvd_consumed = parts
         .iter()
         .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
@@ -349,13 +259,12 @@ pub fn read_with(
     kubelet_env::neutralise_unrecorded(&view, !devices.is_empty(), &mut intake);
     kubelet_env::refusal(&view, !devices.is_empty() || !foreign.is_empty())?;
     intake.kubelet = view.report.clone();
-
     if devices.is_empty() && foreign.is_empty() {
         return Ok(intake);
     }
     let capabilities = capabilities(inputs, config, &mut intake)?;
     intake.allocation = Some(Allocation {
-        dialects: dialects_used,
+        dialects: dialects_used(&parts),
         devices: devices
             .iter()
             .enumerate()
@@ -372,6 +281,48 @@ pub fn read_with(
         sources: sources(&parts, &origins),
     });
     Ok(intake)
+}
+
+/// What every enabled (and, for env-borne dialects, trusted) dialect says, each with where it
+/// was read from (`env_origin` for the env-borne ones).
+fn read_parts(
+    inputs: &Inputs,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    env_origin: Origin,
+    record: Option<&crate::kubelet::ContainerRecord>,
+) -> Result<(Vec<Part>, Vec<Origin>), AllocationError> {
+    let ac = &config.allocation;
+    let mut parts: Vec<(Part, Origin)> = Vec::new();
+    if ac.enabled(Dialect::Gpufence) {
+        parts.push((
+            dialects::gpufence_devices(inputs, inventory)?,
+            Origin::Annotation,
+        ));
+    }
+    if ac.enabled(Dialect::Cdi) {
+        parts.push((
+            dialects::cdi(inputs, inventory, cdi_specs)?,
+            Origin::Annotation,
+        ));
+    }
+    if ac.honours(Dialect::Hami) {
+        parts.push((dialects::hami(inputs, inventory)?, env_origin));
+    }
+    if ac.honours(Dialect::Gpushare) {
+        parts.push((dialects::gpushare(inputs, inventory, config)?, env_origin));
+    }
+    if ac.enabled(Dialect::Nvidia) {
+        parts.push((
+            dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            env_origin,
+        ));
+    }
+    for p in scheduler::read(inputs, inventory, config, record)? {
+        parts.push((p, Origin::Annotation));
+    }
+    Ok(parts.into_iter().unzip())
 }
 
 /// Every facet each part expressed, with its origin (a `mounts[…]` facet is a mount).
@@ -408,78 +359,40 @@ fn sources(parts: &[Part], origins: &[Origin]) -> Vec<FacetSource> {
     out
 }
 
-fn disagree<T>(
-    d: Dialect,
-    f: &Facet<T>,
-    base: Dialect,
-    base_key: &str,
-    base_value: &str,
-    what: &str,
-) -> AllocationError {
-    AllocationError::new(
-        &f.key,
-        &f.value,
-        format!(
-            "the {d} dialect disagrees with the {base} dialect ({base_key}={:?}): {what}",
-            short(base_value)
-        ),
-    )
-}
-
-/// Per-device values every dialect that expresses the facet agrees on, with the source of the
-/// first expressing it (`(value, key, value)` per device, or an empty list when none does).
-fn agree<'a, T: Copy + PartialEq + std::fmt::Debug + 'a>(
-    parts: &'a [Part],
+/// A quota larger than its device is refused (unless the container may spill to host memory).
+fn check_memory_fits(
     devices: &[Resolved],
-    facet: impl Fn(&'a Part) -> Option<&'a Facet<Vec<Option<T>>>>,
-) -> Result<Vec<(Option<T>, String, String)>, AllocationError> {
-    let mut out: Vec<(Option<T>, String, String)> = Vec::new();
-    let mut base: Option<Dialect> = None;
-    for p in parts {
-        let Some(f) = facet(p) else { continue };
-        // Map the dialect's own order onto the combined order.
-        let own: Vec<DeviceRef> = match &p.devices {
-            Some(d) => d.values.iter().map(|r| r.device).collect(),
-            None => devices.iter().map(|r| r.device).collect(),
-        };
-        let mut mapped = Vec::with_capacity(devices.len());
-        for r in devices {
-            let v = own
-                .iter()
-                .position(|d| *d == r.device)
-                .and_then(|i| f.values.get(i).copied())
-                .flatten();
-            mapped.push(v);
-        }
-        match base {
-            None => {
-                base = Some(p.dialect);
-                out = mapped
-                    .into_iter()
-                    .map(|v| (v, f.key.clone(), f.value.clone()))
-                    .collect();
-            }
-            Some(bd) => {
-                for (i, v) in mapped.iter().enumerate() {
-                    if out[i].0 != *v {
-                        return Err(disagree(
-                            p.dialect,
-                            f,
-                            bd,
-                            &out[i].1,
-                            &out[i].2,
-                            &format!(
-                                "{} gets {v:?} here but {:?} there",
-                                describe(&devices[i].device, &devices[i].uuid),
-                                out[i].0
-                            ),
-                        ));
-                    }
-                }
-            }
+    memory: &[(Option<u64>, String, String)],
+) -> Result<(), AllocationError> {
+    for (r, (m, key, value)) in devices.iter().zip(memory) {
+        if let Some(m) = *m
+            && m > r.memory_bytes
+        {
+            return Err(AllocationError::new(
+                key,
+                value,
+                format!(
+                    "{} exceeds the memory of {} ({})",
+                    crate::quantity::format_bytes(m),
+                    describe(&r.device, &r.uuid),
+                    crate::quantity::format_bytes(r.memory_bytes)
+                ),
+            ));
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The dialects that expressed something, sorted and deduplicated.
+fn dialects_used(parts: &[Part]) -> Vec<Dialect> {
+    let mut d: Vec<Dialect> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| p.dialect)
+        .collect();
+    d.sort();
+    d.dedup();
+    d
 }
 
 /// Driver capabilities: `gpufence.dev/capabilities` (trusted annotation), else

@@ -218,11 +218,14 @@ pub fn render(cp: &Checkpoint) -> String {
     out
 }
 
+/// A Go `map[K][]string` in key order as read (a nil list is `None`).
+type ListMap<K> = [(K, Option<Vec<String>>)];
+
 /// A Go map of string lists as go-spew prints it: `<nil>`, or `map[k:[a b] k:<nil>]` with the
 /// keys sorted by `order`.
 fn render_map<K: fmt::Display>(
     out: &mut String,
-    map: Option<&[(K, Option<Vec<String>>)]>,
+    map: Option<&ListMap<K>>,
     order: impl Fn(&K, &K) -> std::cmp::Ordering,
 ) {
     let Some(map) = map else {

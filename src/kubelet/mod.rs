@@ -259,6 +259,10 @@ pub fn load(
                 .collect()
         })
         .unwrap_or_default();
+    if crate::allocation::libpod::is_libpod(&ann) && !cfg.allocation.trust_libpod_annotations {
+        // podman copies image annotations: a CRI pod identity there may be the image's claim.
+        return KubeletSource::Absent;
+    }
     let id = match PodIdentity::from_annotations(&ann) {
         Ok(Some(id)) => id,
         Ok(None) => return KubeletSource::Absent,
@@ -422,6 +426,40 @@ mod tests {
             from_checkpoint_bytes(json.as_bytes(), &id("u", "c"), "cp"),
             KubeletSource::Record(_)
         ));
+    }
+
+    #[test]
+    fn load_reads_the_checkpoint_but_not_for_podman_containers() {
+        let d = tempfile::tempdir().unwrap();
+        let cp = d.path().join("kubelet_internal_checkpoint");
+        let resp = encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", "GPU-a")], &[]);
+        std::fs::write(
+            &cp,
+            checkpoint_json(vec![entry("u", "c", "nvidia.com/gpu", &["a"], resp)]),
+        )
+        .unwrap();
+        let mut cfg = crate::config::Config::default();
+        cfg.kubelet.checkpoint = cp.clone();
+        let mut spec = serde_json::json!({"annotations": {
+            CRIO_POD_UID: "u", CRIO_CONTAINER_NAME: "c"}});
+        assert!(
+            matches!(load(&cfg, &spec, None), KubeletSource::Record(r) if r.resources.len() == 1)
+        );
+        // podman copies image annotations: its containers never claim a pod's record.
+        spec["annotations"]["io.container.manager"] = "libpod".into();
+        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        // No kubelet directory: no kubelet (unless the file is named explicitly).
+        spec["annotations"]["io.container.manager"] = "cri-o".into();
+        cfg.kubelet.checkpoint = d.path().join("missing-dir/kubelet_internal_checkpoint");
+        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        assert!(matches!(
+            load(&cfg, &spec, Some(&cp)),
+            KubeletSource::Record(_)
+        ));
+        // The directory exists, the file does not: unavailable, naming why.
+        cfg.kubelet.checkpoint = d.path().join("gone");
+        assert!(matches!(load(&cfg, &spec, None),
+            KubeletSource::Unavailable { why, .. } if why == "does not exist"));
     }
 
     #[test]

@@ -179,6 +179,15 @@ pub fn detach(host: &Path, attrs: Attrs) -> Result<Detached, MountError> {
 }
 
 impl Detached {
+    /// A detached mount made another way (a tmpfs from `fsmount`).
+    pub(super) fn from_tree(host_path: String, is_dir: bool, tree: OwnedFd) -> Detached {
+        Detached {
+            host_path,
+            is_dir,
+            tree,
+        }
+    }
+
     /// Attach onto `target` (an fd of the target in the caller's mount namespace).
     pub fn attach(self, target: &OwnedFd, shown: &str) -> Result<(), MountError> {
         // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.
