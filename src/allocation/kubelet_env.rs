@@ -99,7 +99,11 @@ pub fn view(
             v.report = Some(KubeletReport {
                 status: "absent".into(),
                 checkpoint: None,
-                why: Some("no kubelet for this container (no CRI pod identity or no kubelet directory): env is not trusted".into()),
+                why: Some(
+                    "no kubelet for this container (no CRI pod identity, a podman container, or no \
+                     kubelet directory): env is not trusted"
+                        .into(),
+                ),
                 record: None,
             });
             return Ok(v);
