@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: a simulated 4-GPU node, its inventory and CDI spec, and a real
-# container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only.
+# container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only;
+# then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, and
+# an image-env grab neutralised.
 set -euo pipefail
 
 if [ "${1:-}" = "--clean" ]; then
@@ -101,4 +103,55 @@ GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$
 GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete gpufence-demo 2>/dev/null || true
 test ! -e "$dir/node/state/gpufence-demo" && echo "state directory removed on delete"
 echo "decision log ($dir/node/gpufence.log):"; tail -n 3 "$dir/node/gpufence.log"
+
+say "7. HAMi on Kubernetes: env believed exactly as kubelet's device-manager checkpoint records it"
+# allocation.trust-env = "kubelet" is the default; point kubelet.checkpoint into the demo dir.
+cp_file="$dir/kubelet/device-plugins/kubelet_internal_checkpoint"
+mkdir -p "$(dirname "$cp_file")"
+printf '\n[kubelet]\ncheckpoint = "%s"\n' "$cp_file" >> "$cfg"
+gpu1=$("$bin/gpufence" --config "$cfg" inventory --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["gpus"][1]["uuid"])')
+# What kubelet recorded when it admitted pod "train": HAMi's device plugin gave container "main"
+# GPU 1 with 3000 MiB and 30 % of the SMs.
+"$bin/gpufence-sim" kubelet-checkpoint --output "$cp_file" --entry "{\"pod\":\"7d1e-train-uid\",\"container\":\"main\",\"resource\":\"nvidia.com/gpu\",\"ids\":[\"$gpu1-3\"],\"env\":{\"NVIDIA_VISIBLE_DEVICES\":\"$gpu1\",\"CUDA_DEVICE_MEMORY_LIMIT_0\":\"3000m\",\"CUDA_DEVICE_SM_LIMIT\":\"30\"}}"
+echo "$cp_file:"; cat "$cp_file"; echo
+# A pod's container as containerd writes it: CRI annotations naming pod UID and container, the
+# image's env first (CUDA images set NVIDIA_VISIBLE_DEVICES=all), then what kubelet passed.
+pod_bundle() { # NAME POD_UID CONTAINER ENV_JSON ANNOTATIONS_JSON
+  mkdir -p "$dir/$1"; ( cd "$dir/$1" && rm -f config.json && runc spec )
+  python3 - "$dir/$1/config.json" "$rootfs" "$2" "$3" "$4" "$5" <<'PY'
+import json, sys
+p, rootfs, uid, ctr, env, ann = sys.argv[1:]
+s = json.load(open(p))
+s["process"]["terminal"] = False
+s["process"]["env"] += ["NVIDIA_VISIBLE_DEVICES=all"] + json.loads(env)
+s["process"]["args"] = ["/bin/sh", "-c",
+  "echo \"devices: $(ls /dev | grep nvidia | tr '\\n' ' ')\"; nvidia-smi 2>&1 | grep -E 'MiB|failed' | head -2;"
+  " echo \"NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES CUDA_DEVICE_MEMORY_LIMIT_0=$CUDA_DEVICE_MEMORY_LIMIT_0\""]
+s["root"] = {"path": rootfs, "readonly": False}
+s["annotations"] = dict({"io.kubernetes.cri.container-type": "container",
+  "io.kubernetes.cri.sandbox-uid": uid, "io.kubernetes.cri.container-name": ctr}, **json.loads(ann))
+json.dump(s, open(p, "w"), indent=2)
+PY
+}
+pod_bundle hami-pod 7d1e-train-uid main \
+  "[\"NVIDIA_VISIBLE_DEVICES=$gpu1\", \"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\", \"CUDA_DEVICE_SM_LIMIT=30\"]" \
+  "{\"hami.io/vgpu-devices-allocated\": \"$gpu1,NVIDIA,3000,30:;\"}"
+echo "\$ gpufence plan --bundle hami-pod   (where each facet came from)"
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/hami-pod" --id hami-pod | sed '/^device nodes/,$d'
+echo "\$ gpufence-runtime run hami-pod"
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/hami-pod" hami-pod
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete hami-pod 2>/dev/null || true
+
+say "8. an image-env grab: a pod kubelet allocated nothing sets HAMi's variables itself"
+pod_bundle grab-pod 0b9c-grab-uid main "[\"CUDA_DEVICE_MEMORY_LIMIT_0=80000m\"]" "{}"
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/grab-pod" --id grab-pod | sed -n '/^allocation/p;/^kubelet/,$p'
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/grab-pod" grab-pod
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete grab-pod 2>/dev/null || true
+echo
+echo "and with kubelet's checkpoint gone, a pod whose GPU comes from HAMi's env alone is refused"
+echo "in one line (fail closed; annotation and CDI allocations keep working):"
+rm -f "$cp_file"
+pod_bundle env-pod 7d1e-train-uid main \
+  "[\"NVIDIA_VISIBLE_DEVICES=$gpu1\", \"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\", \"CUDA_DEVICE_SM_LIMIT=30\"]" "{}"
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/env-pod" env-pod || echo "(exit $?)"
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"

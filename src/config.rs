@@ -57,6 +57,7 @@ pub struct Config {
     pub quota: QuotaConfig,
     /// `sharing.mps`: GPUs shared through MPS control daemons.
     pub sharing: SharingConfig,
+    pub kubelet: KubeletConfig,
     pub timeouts: TimeoutsConfig,
     /// Where this file was read from (not a key).
     #[serde(skip)]
@@ -79,6 +80,7 @@ impl Default for Config {
             gpushare: GpushareConfig::default(),
             quota: QuotaConfig::default(),
             sharing: SharingConfig::default(),
+            kubelet: KubeletConfig::default(),
             timeouts: TimeoutsConfig::default(),
             source: None,
         }
@@ -101,15 +103,18 @@ pub enum Dialect {
     Hami,
     Gpushare,
     Nvidia,
+    /// KAI scheduler's NvFractions pod annotations (`nvidia.com/container.<name>.*`).
+    Kai,
 }
 
 impl Dialect {
-    pub const ALL: [Dialect; 5] = [
+    pub const ALL: [Dialect; 6] = [
         Dialect::Gpufence,
         Dialect::Cdi,
         Dialect::Hami,
         Dialect::Gpushare,
         Dialect::Nvidia,
+        Dialect::Kai,
     ];
     /// Dialects whose allocation is read from the process environment.
     pub fn is_env_based(self) -> bool {
@@ -122,6 +127,7 @@ impl Dialect {
             Dialect::Hami => "hami",
             Dialect::Gpushare => "gpushare",
             Dialect::Nvidia => "nvidia",
+            Dialect::Kai => "kai",
         }
     }
 }
@@ -132,25 +138,61 @@ impl std::fmt::Display for Dialect {
     }
 }
 
-/// `allocation.trust-env`: a bool, or a list of dialect names.
+/// `allocation.trust-env`: a bool, a list of dialect names, or `"kubelet"` (the default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum TrustEnv {
     All(bool),
     Dialects(Vec<Dialect>),
+    /// Env-borne allocations are believed exactly as far as kubelet's device-manager checkpoint
+    /// records that a device plugin put them into this container; like `false` without kubelet.
+    Kubelet(KubeletKeyword),
+}
+
+/// The string `"kubelet"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KubeletKeyword {
+    #[serde(rename = "kubelet")]
+    Kubelet,
 }
 
 impl Default for TrustEnv {
     fn default() -> Self {
-        TrustEnv::All(false)
+        TrustEnv::Kubelet(KubeletKeyword::Kubelet)
     }
 }
 
 impl TrustEnv {
+    /// Believed from the env alone (whatever kubelet recorded).
     pub fn trusts(&self, d: Dialect) -> bool {
         match self {
             TrustEnv::All(b) => *b,
             TrustEnv::Dialects(list) => list.contains(&d),
+            TrustEnv::Kubelet(_) => false,
+        }
+    }
+    /// `"kubelet"`: believed where kubelet's record confirms it.
+    pub fn is_kubelet(&self) -> bool {
+        matches!(self, TrustEnv::Kubelet(_))
+    }
+}
+
+/// `[kubelet]`: where kubelet keeps what the device plugins allocated. Extension of the contract.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct KubeletConfig {
+    /// kubelet's device-manager checkpoint.
+    pub checkpoint: PathBuf,
+}
+
+/// Where kubelet (default `--root-dir`) writes its device-manager checkpoint.
+pub const DEFAULT_KUBELET_CHECKPOINT: &str =
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        KubeletConfig {
+            checkpoint: PathBuf::from(DEFAULT_KUBELET_CHECKPOINT),
         }
     }
 }
@@ -339,6 +381,7 @@ impl Config {
             ("state-dir", &self.state_dir),
             ("gpufence-binary", &self.gpufence_binary),
             ("shim.library", &self.shim.library),
+            ("kubelet.checkpoint", &self.kubelet.checkpoint),
         ] {
             if !p.is_absolute() {
                 return Err(ConfigError::Invalid {
@@ -460,6 +503,25 @@ inventory = 60
         assert_eq!(c.timeouts.inventory(), std::time::Duration::from_secs(60));
         let c = Config::from_toml("[allocation]\ntrust-env = true\n", Path::new("x")).unwrap();
         assert!(c.allocation.honours(Dialect::Nvidia));
+    }
+
+    #[test]
+    fn trust_env_kubelet_is_the_default_and_parses() {
+        assert!(Config::default().allocation.trust_env.is_kubelet());
+        let c = Config::from_toml(
+            "[allocation]\ntrust-env = \"kubelet\"\n[kubelet]\ncheckpoint = \"/k/cp\"\n",
+            Path::new("x"),
+        )
+        .unwrap();
+        assert!(c.allocation.trust_env.is_kubelet());
+        assert!(!c.allocation.honours(Dialect::Hami));
+        assert_eq!(c.kubelet.checkpoint, PathBuf::from("/k/cp"));
+        for bad in ["\"kubelets\"", "\"true\"", "1"] {
+            let t = format!("[allocation]\ntrust-env = {bad}\n");
+            assert!(Config::from_toml(&t, Path::new("x")).is_err(), "{bad}");
+        }
+        let c = Config::from_toml("[allocation]\ntrust-env = false\n", Path::new("x")).unwrap();
+        assert!(!c.allocation.trust_env.is_kubelet());
     }
 
     #[test]

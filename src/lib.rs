@@ -22,6 +22,7 @@ pub mod exit;
 pub mod hook;
 pub mod hostfiles;
 pub mod inventory;
+pub mod kubelet;
 pub mod ldso;
 pub mod logging;
 pub mod mps;

@@ -69,6 +69,27 @@ pub enum Cli {
         #[arg(long)]
         memory_mib: Option<u64>,
     },
+    /// Write a kubelet device-manager checkpoint (sealed with kubelet's checksum) recording what
+    /// device plugins allocated, as kubelet would after admitting the pods.
+    KubeletCheckpoint {
+        #[arg(long)]
+        output: PathBuf,
+        /// One entry as JSON: {"pod":UID,"container":NAME,"resource":NAME,"ids":[…],"env":{…}}.
+        #[arg(long = "entry", value_name = "JSON")]
+        entries: Vec<String>,
+    },
+}
+
+/// `gpufence-sim kubelet-checkpoint --entry`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimEntry {
+    pod: String,
+    container: String,
+    resource: String,
+    ids: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -427,6 +448,28 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             })?;
             println!("{}", cfg.display());
             Ok(())
+        }
+        Cli::KubeletCheckpoint { output, entries } => {
+            let mut out = Vec::new();
+            for e in &entries {
+                let e: SimEntry = serde_json::from_str(e)
+                    .map_err(|err| Exit::invalid(format!("--entry {e}: {err}")))?;
+                let env: Vec<(&str, &str)> = e
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let ids: Vec<&str> = e.ids.iter().map(String::as_str).collect();
+                out.push(crate::kubelet::entry(
+                    &e.pod,
+                    &e.container,
+                    &e.resource,
+                    &ids,
+                    crate::kubelet::encode_alloc_resp(&env, &[]),
+                ));
+            }
+            std::fs::write(&output, crate::kubelet::checkpoint_json(out))
+                .map_err(|e| Exit::env(format!("{}: {e}", output.display())))
         }
     }
 }

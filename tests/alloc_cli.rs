@@ -226,3 +226,121 @@ fn plan_cli_against_a_simulated_node() {
     assert!(err.contains("no CDI spec"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gpufence plan --kubelet-checkpoint FILE`: explain a decision offline from a copy of kubelet's
+/// checkpoint — where each facet came from, what was neutralised, and the refusal line when the
+/// file cannot be used.
+#[test]
+fn plan_explains_a_decision_from_a_kubelet_checkpoint() {
+    if skip_unless(&[]) {
+        return;
+    }
+    use gpufence::kubelet;
+    let dir = scratch("alloc-cli-kubelet");
+    let cfg = sim_node(&dir.join("node"), 2, None);
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    let plugin = [
+        ("NVIDIA_VISIBLE_DEVICES", gpu1.as_str()),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m"),
+        ("CUDA_DEVICE_SM_LIMIT", "25"),
+    ];
+    let cp = dir.join("kubelet_internal_checkpoint");
+    std::fs::write(
+        &cp,
+        kubelet::checkpoint_json(vec![kubelet::entry(
+            "pod-uid-1",
+            "main",
+            "nvidia.com/gpu",
+            &[&format!("{gpu1}-0")],
+            kubelet::encode_alloc_resp(&plugin, &[]),
+        )]),
+    )
+    .unwrap();
+    let mut env: Vec<String> = vec![
+        "NVIDIA_VISIBLE_DEVICES=all".into(),
+        "CUDA_DEVICE_MEMORY_LIMIT_1=80000m".into(),
+    ];
+    env.extend(plugin.iter().map(|(k, v)| format!("{k}={v}")));
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let b = bundle(
+        &dir,
+        "hami",
+        serde_json::json!({
+            "io.kubernetes.cri.sandbox-uid": "pod-uid-1",
+            "io.kubernetes.cri.container-name": "main",
+        }),
+        &env,
+    );
+    let cp_s = cp.to_str().unwrap();
+    let (code, out, err) = plan_cmd(&cfg, &b, &["--kubelet-checkpoint", cp_s]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("memory 2.9 GiB") || out.contains("3000 MiB") || out.contains("3145728000"),
+        "{out}"
+    );
+    assert!(out.contains("kubelet: record"), "{out}");
+    assert!(
+        out.contains("env recorded in the kubelet checkpoint: CUDA_DEVICE_MEMORY_LIMIT_0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CUDA_DEVICE_MEMORY_LIMIT_1=\"80000m\""),
+        "{out}"
+    );
+    let (code, json, err) = plan_cmd(&cfg, &b, &["--json", "--kubelet-checkpoint", cp_s]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["kubelet"]["status"], "record");
+    assert_eq!(v["kubelet"]["record"]["identity"]["containerName"], "main");
+    assert_eq!(v["allocation"]["devices"][0]["memoryLimit"], 3000u64 << 20);
+    let sources = v["allocation"]["sources"].as_array().unwrap();
+    assert!(
+        sources
+            .iter()
+            .any(|s| s["facet"] == "cores" && s["origin"] == "kubelet"),
+        "{json}"
+    );
+    assert!(
+        v["neutralised"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["key"] == "CUDA_DEVICE_MEMORY_LIMIT_1"),
+        "{json}"
+    );
+
+    // Another container of the pod (no record): no GPU, NVIDIA_VISIBLE_DEVICES=all -> void.
+    let other = bundle(
+        &dir,
+        "sidecar",
+        serde_json::json!({
+            "io.kubernetes.cri.sandbox-uid": "pod-uid-1",
+            "io.kubernetes.cri.container-name": "sidecar",
+        }),
+        &["NVIDIA_VISIBLE_DEVICES=all"],
+    );
+    let (code, out, err) = plan_cmd(&cfg, &other, &["--kubelet-checkpoint", cp_s]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("allocation: none"), "{out}");
+    assert!(out.contains("NVIDIA_VISIBLE_DEVICES=void"), "{out}");
+
+    // A tampered checkpoint: refused in one line naming the file and why.
+    let text = std::fs::read_to_string(&cp)
+        .unwrap()
+        .replace("\"ContainerName\":\"main\"", "\"ContainerName\":\"mainx\"");
+    assert_ne!(text, std::fs::read_to_string(&cp).unwrap());
+    let forged = dir.join("forged");
+    std::fs::write(&forged, text).unwrap();
+    let (code, out, err) = plan_cmd(
+        &cfg,
+        &b,
+        &["--kubelet-checkpoint", forged.to_str().unwrap()],
+    );
+    assert_eq!(code, 1, "{out}");
+    let line = err.trim();
+    assert_eq!(line.lines().count(), 1, "{err}");
+    assert!(
+        line.contains("forged") && line.contains("checksum"),
+        "{err}"
+    );
+}

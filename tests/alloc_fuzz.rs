@@ -9,25 +9,15 @@
 //! * errors are one line and short.
 
 mod alloc_support;
+mod prop_support;
 
 use std::collections::BTreeSet;
 
 use alloc_support::*;
 use gpufence::config::{Config, Dialect, MemoryUnit, ShimInject, TrustEnv};
 use gpufence::plan::{Plan, plan};
+use prop_support::cases;
 use proptest::prelude::*;
-
-fn cases(default: u32) -> ProptestConfig {
-    let n = std::env::var("GPUFENCE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases: n,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Strings that look like what the parsers expect, mixed with anything at all.
 fn value() -> impl Strategy<Value = String> {

@@ -2,7 +2,10 @@
 //! by `gpufence runtime configure --runtime containerd`, driven through CRI by a Python client
 //! (tests/cri/cri_client.py, PyPI `container-runtime-interface-api` in target/venv, set up by
 //! `make deps`). A pod annotation picks the GPU; an invalid one reaches the CRI client as the
-//! StartContainer error.
+//! StartContainer error. Under `allocation.trust-env = "kubelet"`, a HAMi pod whose env kubelet's
+//! device-manager checkpoint records gets exactly the recorded slice, while env the checkpoint
+//! does not record (a CUDA image's `NVIDIA_VISIBLE_DEVICES=all`, a pod spec claiming HAMi's
+//! variables) is neutralised, and a missing checkpoint refuses the HAMi pod in one line.
 
 mod common;
 mod runtime_support;
@@ -87,11 +90,12 @@ state = "{d}/state"
     )
 }
 
-/// The busybox rootfs as an OCI image `localhost/pause:test`, imported into containerd.
-fn import_image(s: &Path, c: &Containerd) {
-    let rootfs = common::busybox_rootfs(&s.join("image-src"));
-    let img = s.join("img");
-    let ub = s.join("img-bundle");
+/// The busybox rootfs as an OCI image `localhost/<name>:test` with this env, imported into
+/// containerd.
+fn import_image(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
+    let rootfs = common::busybox_rootfs(&s.join(format!("image-src-{name}")));
+    let img = s.join(format!("img-{name}"));
+    let ub = s.join(format!("img-bundle-{name}"));
     let sh = |args: &[&str]| {
         let (code, out, err) = common::run(Command::new(args[0]).args(&args[1..]));
         assert_eq!(code, 0, "{args:?}: {out}{err}");
@@ -108,7 +112,7 @@ fn import_image(s: &Path, c: &Containerd) {
         &format!("{}/rootfs/", ub.display()),
     ]);
     sh(&["umoci", "repack", "--image", &tag, ub.to_str().unwrap()]);
-    sh(&[
+    let mut config = vec![
         "umoci",
         "config",
         "--image",
@@ -117,10 +121,12 @@ fn import_image(s: &Path, c: &Containerd) {
         "/bin/sleep",
         "--config.cmd",
         "2147483647",
-        "--config.env",
-        "PATH=/bin:/usr/bin",
-    ]);
-    let tar = s.join("pause-oci.tar");
+    ];
+    for e in env {
+        config.extend(["--config.env", e]);
+    }
+    sh(&config);
+    let tar = s.join(format!("{name}-oci.tar"));
     sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
     let (code, out, err) = common::run(
         c.ctr()
@@ -128,7 +134,7 @@ fn import_image(s: &Path, c: &Containerd) {
                 "images",
                 "import",
                 "--base-name",
-                "localhost/pause",
+                &format!("localhost/{name}"),
                 "--snapshotter",
                 "native",
             ])
@@ -144,11 +150,26 @@ fn cri(
     name: &str,
     pod_annotations: serde_json::Value,
 ) -> serde_json::Value {
-    let req = serde_json::json!({
+    cri_with(py, c, s, name, pod_annotations, serde_json::json!({}))
+}
+
+/// One pod through CRI; `extra` adds request fields (`image`, `envs`: what kubelet passes).
+fn cri_with(
+    py: &Path,
+    c: &Containerd,
+    s: &Path,
+    name: &str,
+    pod_annotations: serde_json::Value,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut req = serde_json::json!({
         "socket": c.sock, "handler": "gpufence", "dir": s, "name": name,
         "pod_annotations": pod_annotations, "image": "localhost/pause:test",
         "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
     });
+    for (k, v) in extra.as_object().unwrap() {
+        req[k] = v.clone();
+    }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri/cri_client.py");
     let (code, out, err) = common::run(Command::new(py).arg(script).arg(req.to_string()));
     assert_eq!(code, 0, "cri client: {out}{err}");
@@ -168,7 +189,16 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         return;
     };
     let s = common::scratch("rt-cri");
-    let n = node(&s, 2, &[]);
+    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let n = node(
+        &s,
+        2,
+        &[(
+            "kubelet.checkpoint",
+            toml_edit::value(checkpoint.display().to_string()),
+        )],
+    );
 
     // Operator file → configure writes the drop-in and adds only an `imports` line.
     let cdir = s.join("containerd");
@@ -234,7 +264,7 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    import_image(&s, &c);
+    import_image(&s, &c, "pause", &["PATH=/bin:/usr/bin"]);
 
     // The pod annotation picks GPU 1.
     let r = cri(
@@ -278,6 +308,8 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         "{e}"
     );
 
+    kubelet_checkpoint_decides_env(&py, &c, &s, &checkpoint);
+
     drop(c);
     // State directories of the removed containers are gone.
     let left: Vec<_> = std::fs::read_dir(&n.state_dir)
@@ -289,4 +321,109 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "state dirs left: {left:?}");
+}
+
+/// HAMi through kubelet's checkpoint (the pods' UIDs are `<name>-uid`, the container `app`, as
+/// tests/cri/cri_client.py creates them).
+fn kubelet_checkpoint_decides_env(py: &Path, c: &Containerd, s: &Path, checkpoint: &Path) {
+    use gpufence::kubelet;
+    // A CUDA-like image: every CUDA base image sets NVIDIA_VISIBLE_DEVICES=all; this one also
+    // tries for a second GPU's worth of HAMi memory.
+    import_image(
+        s,
+        c,
+        "cuda",
+        &[
+            "PATH=/bin:/usr/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            "CUDA_DEVICE_MEMORY_LIMIT_1=80000m",
+        ],
+    );
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    // What HAMi's device plugin returned from Allocate for hami-pod/app, as kubelet recorded it.
+    let plugin_env = [
+        ("NVIDIA_VISIBLE_DEVICES", gpu1.as_str()),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "2048m"),
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+    ];
+    let json = kubelet::checkpoint_json(vec![kubelet::entry(
+        "hami-pod-uid",
+        "app",
+        "nvidia.com/gpu",
+        &[&format!("{gpu1}-3")],
+        kubelet::encode_alloc_resp(&plugin_env, &[]),
+    )]);
+    std::fs::write(checkpoint, json).unwrap();
+    let envs: serde_json::Map<String, serde_json::Value> = plugin_env
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    let hami = serde_json::json!({
+        "hami.io/vgpu-devices-allocated": format!("{gpu1},NVIDIA,2048,30:;"),
+    });
+    let cuda =
+        |envs: serde_json::Value| serde_json::json!({"image": "localhost/cuda:test", "envs": envs});
+
+    // The recorded slice: GPU 1 with 2048 MiB reaches the shim's quota.
+    let r = cri_with(
+        py,
+        c,
+        s,
+        "hami-pod",
+        hami.clone(),
+        cuda(envs.clone().into()),
+    );
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = facts(r["log"].as_str().unwrap());
+    assert_eq!(f["gpu1"], "ENXIO", "{r}");
+    assert_eq!(f["gpu0"], "ABSENT", "{r}");
+    assert_eq!(f["quota_mem"], (2048u64 << 20).to_string(), "{r}");
+    assert_eq!(f["quota_uuid"], gpu1, "{r}");
+    assert_eq!(f["env_nvd"], gpu1, "{r}");
+
+    // The image's NVIDIA_VISIBLE_DEVICES=all in a pod kubelet allocated nothing: no GPU.
+    let r = cri_with(
+        py,
+        c,
+        s,
+        "cuda-pod",
+        serde_json::json!({}),
+        cuda(serde_json::json!({})),
+    );
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = facts(r["log"].as_str().unwrap());
+    for k in ["gpu0", "gpu1", "ctl"] {
+        assert_eq!(f[k], "ABSENT", "{k}: {r}");
+    }
+    assert_eq!(f["env_nvd"], "void", "{r}");
+
+    // A pod spec writing HAMi's variables itself (no plugin behind them): neutralised.
+    let grab = serde_json::json!({
+        "NVIDIA_VISIBLE_DEVICES": gpufence::sim::gpu_uuid(0),
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "80000m",
+    });
+    let r = cri_with(py, c, s, "grab-pod", serde_json::json!({}), cuda(grab));
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = facts(r["log"].as_str().unwrap());
+    assert_eq!(f["gpu0"], "ABSENT", "{r}");
+    assert_eq!(f["env_nvd"], "void", "{r}");
+
+    // No checkpoint on a node with kubelet's directory: the HAMi pod is refused, in one line
+    // naming the file; the annotation-only pods above would still run.
+    std::fs::remove_file(checkpoint).unwrap();
+    let r = cri_with(
+        py,
+        c,
+        s,
+        "hami-pod",
+        serde_json::json!({}),
+        cuda(envs.into()),
+    );
+    assert_eq!(r["stage"], "start_container", "{r}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("kubelet_internal_checkpoint") && e.contains("does not exist"),
+        "{e}"
+    );
 }

@@ -60,6 +60,35 @@ pub struct Allocation {
     pub capabilities: Vec<Capability>,
     /// Devices of other CDI kinds.
     pub foreign_cdi: Vec<ForeignCdiDevice>,
+    /// Where each facet was taken from (every dialect that expressed it; they agree).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<FacetSource>,
+}
+
+/// Where an input was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// An OCI annotation (pod or container annotation passed by the CRI runtime).
+    Annotation,
+    /// Env that kubelet's device-manager checkpoint records a device plugin set.
+    Kubelet,
+    /// Process env believed as written (`allocation.trust-env = true`).
+    Env,
+    /// A mount in `config.json` (the NVIDIA device plugin's volume-mounts strategy).
+    Mount,
+}
+
+/// One facet of the allocation and the input it came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FacetSource {
+    /// `devices`, `memory`, `cores` or `oversubscribe`.
+    pub facet: String,
+    pub dialect: Dialect,
+    pub origin: Origin,
+    pub key: String,
+    pub value: String,
 }
 
 /// Why an allocation is refused: one line naming the input key, its value and why.
@@ -109,7 +138,9 @@ mod agree;
 pub mod devices;
 pub mod dialects;
 pub mod input;
+pub mod kubelet_env;
 pub mod libpod;
+pub mod scheduler;
 
 use devices::{Resolved, describe};
 use dialects::Part;
@@ -137,29 +168,67 @@ pub struct Intake {
     pub env_overrides: Vec<String>,
     /// Decisions worth telling the operator (ignored or neutralised env).
     pub notes: Vec<String>,
+    /// GPU env not acted on as written (trust-env = "kubelet").
+    pub neutralised: Vec<kubelet_env::Neutralised>,
+    /// What kubelet recorded for this container (trust-env = "kubelet").
+    pub kubelet: Option<kubelet_env::KubeletReport>,
 }
 
 /// Default driver capabilities.
 pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
 
-/// Read the allocation from a parsed `config.json`. Pure.
-///
-/// Each enabled dialect is read into a [`Part`]; the parts must agree facet by facet
-/// ([`agree`]); then untrusted env is neutralised and the normalised [`Allocation`] assembled.
+/// Read the allocation from a parsed `config.json`, without kubelet's record (under
+/// `trust-env = "kubelet"` env is then not believed). Pure.
 pub fn read(
     spec: &serde_json::Value,
     inventory: &crate::inventory::Inventory,
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Intake, AllocationError> {
-    let mut inputs = Inputs::from_spec(spec)?;
+    read_with(
+        spec,
+        inventory,
+        config,
+        cdi_specs,
+        &crate::kubelet::KubeletSource::Absent,
+    )
+}
+
+/// Read the allocation from a parsed `config.json` and what kubelet recorded for the container
+/// (loaded at the edge, [`crate::kubelet::load`]). Pure.
+///
+/// Each enabled dialect is read into a [`Part`] (env-borne ones from the env kubelet vouches for,
+/// [`kubelet_env::view`]); the parts must agree facet by facet ([`agree`]); then untrusted env
+/// is neutralised and the normalised [`Allocation`] assembled.
+pub fn read_with(
+    spec: &serde_json::Value,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    kubelet: &crate::kubelet::KubeletSource,
+) -> Result<Intake, AllocationError> {
+    let mut intake = Intake::default();
+    let mut raw = Inputs::from_spec(spec)?;
+    let dropped = libpod::drop_untrusted(
+        &mut raw.annotations,
+        config.allocation.trust_libpod_annotations,
+    );
+    let view = kubelet_env::view(raw, config, kubelet, &mut intake)?;
+    let (inputs, config) = (&view.inputs, &view.config);
     let ac = &config.allocation;
-    let dropped = libpod::drop_untrusted(&mut inputs.annotations, ac.trust_libpod_annotations);
-    let mut parts = read_parts(&inputs, inventory, config, cdi_specs)?;
+    let record = view.report.as_ref().and_then(|r| r.record.as_ref());
+    let env_origin = if view.from_kubelet {
+        Origin::Kubelet
+    } else {
+        Origin::Env
+    };
+    let (mut parts, mut origins) =
+        read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
     let devices = agree::devices(&parts)?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
-        parts.push(dialects::gpufence_limits(&inputs, &devices)?);
+        parts.push(dialects::gpufence_limits(inputs, &devices)?);
+        origins.push(Origin::Annotation);
     }
     let memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
     let cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
@@ -169,7 +238,6 @@ pub fn read(
     }
 
     let foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
-    let mut intake = Intake::default();
     if !dropped.is_empty() {
         intake.notes.push(format!(
             "ignored {} of a podman (libpod) container: podman copies image annotations into the \
@@ -182,16 +250,19 @@ pub fn read(
         .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
         || ac.honours(Dialect::Nvidia);
     neutralise(
-        &inputs,
+        inputs,
         config,
         nvd_consumed,
         !devices.is_empty(),
         &mut intake,
     );
+    kubelet_env::neutralise_unrecorded(&view, !devices.is_empty(), &mut intake);
+    kubelet_env::refusal(&view, !devices.is_empty() || !foreign.is_empty())?;
+    intake.kubelet = view.report.clone();
     if devices.is_empty() && foreign.is_empty() {
         return Ok(intake);
     }
-    let capabilities = capabilities(&inputs, config, &mut intake)?;
+    let capabilities = capabilities(inputs, config, &mut intake)?;
     intake.allocation = Some(Allocation {
         dialects: dialects_used(&parts),
         devices: devices
@@ -207,39 +278,85 @@ pub fn read(
         oversubscribe,
         capabilities,
         foreign_cdi: foreign,
+        sources: sources(&parts, &origins),
     });
     Ok(intake)
 }
 
-/// What every enabled (and, for env-borne dialects, trusted) dialect says.
+/// What every enabled (and, for env-borne dialects, trusted) dialect says, each with where it
+/// was read from (`env_origin` for the env-borne ones).
 fn read_parts(
     inputs: &Inputs,
     inventory: &crate::inventory::Inventory,
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
-) -> Result<Vec<Part>, AllocationError> {
+    env_origin: Origin,
+    record: Option<&crate::kubelet::ContainerRecord>,
+) -> Result<(Vec<Part>, Vec<Origin>), AllocationError> {
     let ac = &config.allocation;
-    let mut parts: Vec<Part> = Vec::new();
+    let mut parts: Vec<(Part, Origin)> = Vec::new();
     if ac.enabled(Dialect::Gpufence) {
-        parts.push(dialects::gpufence_devices(inputs, inventory)?);
+        parts.push((
+            dialects::gpufence_devices(inputs, inventory)?,
+            Origin::Annotation,
+        ));
     }
     if ac.enabled(Dialect::Cdi) {
-        parts.push(dialects::cdi(inputs, inventory, cdi_specs)?);
+        parts.push((
+            dialects::cdi(inputs, inventory, cdi_specs)?,
+            Origin::Annotation,
+        ));
     }
     if ac.honours(Dialect::Hami) {
-        parts.push(dialects::hami(inputs, inventory)?);
+        parts.push((dialects::hami(inputs, inventory)?, env_origin));
     }
     if ac.honours(Dialect::Gpushare) {
-        parts.push(dialects::gpushare(inputs, inventory, config)?);
+        parts.push((dialects::gpushare(inputs, inventory, config)?, env_origin));
     }
     if ac.enabled(Dialect::Nvidia) {
-        parts.push(dialects::nvidia(
-            inputs,
-            inventory,
-            ac.honours(Dialect::Nvidia),
-        )?);
+        parts.push((
+            dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            env_origin,
+        ));
     }
-    Ok(parts)
+    for p in scheduler::read(inputs, inventory, config, record)? {
+        parts.push((p, Origin::Annotation));
+    }
+    Ok(parts.into_iter().unzip())
+}
+
+/// Every facet each part expressed, with its origin (a `mounts[…]` facet is a mount).
+fn sources(parts: &[Part], origins: &[Origin]) -> Vec<FacetSource> {
+    let mut out = Vec::new();
+    for (p, o) in parts.iter().zip(origins) {
+        let mut push = |facet: &str, key: &str, value: &str| {
+            let origin = if key.starts_with("mounts[") {
+                Origin::Mount
+            } else {
+                *o
+            };
+            out.push(FacetSource {
+                facet: facet.to_string(),
+                dialect: p.dialect,
+                origin,
+                key: key.to_string(),
+                value: short(value),
+            });
+        };
+        if let Some(f) = &p.devices {
+            push("devices", &f.key, &f.value);
+        }
+        if let Some(f) = &p.memory {
+            push("memory", &f.key, &f.value);
+        }
+        if let Some(f) = &p.cores {
+            push("cores", &f.key, &f.value);
+        }
+        if let Some(f) = &p.oversubscribe {
+            push("oversubscribe", &f.key, &f.value);
+        }
+    }
+    out
 }
 
 /// A quota larger than its device is refused (unless the container may spill to host memory).

@@ -281,6 +281,7 @@ pub(crate) mod tests {
             oversubscribe: false,
             capabilities: vec![],
             foreign_cdi: vec![],
+            sources: vec![],
         }
     }
 

@@ -33,7 +33,7 @@ pub fn plan(
             other => other.to_string(),
         })
     };
-    match intake(cfg, spec, id, load, &CdiSource::default()) {
+    match intake(cfg, spec, id, load, &CdiSource::default(), None) {
         Ok(i) => Ok((i.plan, i.inventory.device_majors())),
         Err(IntakeError::Allocation {
             error,

@@ -25,6 +25,12 @@ pub fn annotation_prefixes(cfg: &Config) -> Vec<&'static str> {
     if cfg.allocation.enabled(Dialect::Cdi) {
         v.push(r"cdi\.k8s\.io");
     }
+    if cfg.allocation.enabled(Dialect::Hami) {
+        v.push(r"hami\.io");
+    }
+    if cfg.allocation.enabled(Dialect::Kai) {
+        v.push(r"nvidia\.com");
+    }
     v
 }
 
@@ -32,17 +38,23 @@ pub fn annotation_prefixes(cfg: &Config) -> Vec<&'static str> {
 /// pattern covering every annotation dialect (hooks schema 1.0.0 ANDs the entries of
 /// `when.annotations`; its `or` is not settable from JSON). `None`: no dialect enabled.
 pub fn when(cfg: &Config) -> Option<Value> {
-    if Dialect::ALL
-        .iter()
-        .any(|d| d.is_env_based() && cfg.allocation.honours(*d))
-    {
+    let ac = &cfg.allocation;
+    if Dialect::ALL.iter().any(|d| {
+        d.is_env_based() && (ac.honours(*d) || (ac.enabled(*d) && ac.trust_env.is_kubelet()))
+    }) {
+        // trust-env = "kubelet" too: the env may be backed by kubelet's record, and image env
+        // kubelet has no record of is neutralised by the same run.
         return Some(json!({ "always": true }));
     }
     let prefixes = annotation_prefixes(cfg);
-    if prefixes.is_empty() {
-        return None;
-    }
-    let key = format!("^({})/.+$", prefixes.join("|"));
+    let gpushare = ac.enabled(Dialect::Gpushare);
+    let key = match (prefixes.is_empty(), gpushare) {
+        (true, false) => return None,
+        (false, false) => format!("^({})/.+$", prefixes.join("|")),
+        // gpushare's extender annotations have no prefix: ALIYUN_COM_GPU_MEM_IDX, …
+        (true, true) => "^ALIYUN_COM_GPU_MEM_.+$".to_string(),
+        (false, true) => format!("^(({})/.+|ALIYUN_COM_GPU_MEM_.+)$", prefixes.join("|")),
+    };
     Some(json!({ "annotations": { key: ".*" } }))
 }
 
@@ -135,10 +147,16 @@ mod tests {
 
     #[test]
     fn annotation_match_by_default_always_when_env_trusted() {
-        let cfg = Config::default();
+        // trust-env = "kubelet" (the default): always.
+        assert_eq!(when(&Config::default()).unwrap(), json!({"always": true}));
+        let mut cfg = Config::default();
+        cfg.allocation.trust_env = crate::config::TrustEnv::All(false);
         let w = when(&cfg).unwrap();
         let keys: Vec<&String> = w["annotations"].as_object().unwrap().keys().collect();
-        assert_eq!(keys, [r"^(gpufence\.dev|cdi\.k8s\.io)/.+$"]);
+        assert_eq!(
+            keys,
+            [r"^((gpufence\.dev|cdi\.k8s\.io|hami\.io|nvidia\.com)/.+|ALIYUN_COM_GPU_MEM_.+)$"]
+        );
         let mut cfg = Config::default();
         cfg.allocation.trust_env = crate::config::TrustEnv::Dialects(vec![Dialect::Hami]);
         assert_eq!(when(&cfg).unwrap(), json!({"always": true}));

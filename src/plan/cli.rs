@@ -23,6 +23,10 @@ pub struct Args {
     /// CDI spec directory, lowest priority first (default: /etc/cdi then /var/run/cdi).
     #[arg(long = "cdi-dir", value_name = "DIR")]
     pub cdi_dirs: Vec<PathBuf>,
+    /// kubelet's device-manager checkpoint to explain the decision with (default: the
+    /// `kubelet.checkpoint` key), e.g. a copy taken from the node.
+    #[arg(long = "kubelet-checkpoint", value_name = "FILE")]
+    pub kubelet_checkpoint: Option<PathBuf>,
 }
 
 pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
@@ -57,7 +61,15 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         }
     };
     let load = |cfg: &Config| crate::inventory::load(cfg).map_err(|e| e.to_string());
-    let intake = intake(&cfg, &spec, &id, load, &cdi).map_err(|e| {
+    let intake = intake(
+        &cfg,
+        &spec,
+        &id,
+        load,
+        &cdi,
+        args.kubelet_checkpoint.as_deref(),
+    )
+    .map_err(|e| {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
@@ -92,6 +104,71 @@ fn fmt_mem(m: Option<u64>) -> String {
     )
 }
 
+fn origin_name(o: crate::allocation::Origin) -> &'static str {
+    match o {
+        crate::allocation::Origin::Annotation => "annotation",
+        crate::allocation::Origin::Kubelet => "env recorded in the kubelet checkpoint",
+        crate::allocation::Origin::Env => "env (trust-env = true)",
+        crate::allocation::Origin::Mount => "mount",
+    }
+}
+
+/// What kubelet recorded and what GPU env was neutralised.
+fn render_kubelet(s: &mut String, p: &Plan) {
+    if let Some(k) = &p.kubelet {
+        let _ = write!(s, "kubelet: {}", k.status);
+        if let Some(c) = &k.checkpoint {
+            let _ = write!(s, " ({c})");
+        }
+        if let Some(w) = &k.why {
+            let _ = write!(s, ": {w}");
+        }
+        let _ = writeln!(s);
+        if let Some(r) = &k.record {
+            let _ = writeln!(
+                s,
+                "  pod {} container {}{}",
+                r.identity.pod_uid,
+                r.identity.container_name,
+                r.identity
+                    .pod
+                    .as_deref()
+                    .map(|p| format!(" ({p})"))
+                    .unwrap_or_default()
+            );
+            if r.resources.is_empty() {
+                let _ = writeln!(s, "  no device plugin allocated anything to this container");
+            }
+            for g in &r.resources {
+                let env: Vec<String> = g.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(
+                    s,
+                    "  {}: devices {}; env {}",
+                    g.resource,
+                    g.device_ids.join(","),
+                    env.join(" ")
+                );
+            }
+        }
+    }
+    if !p.neutralised.is_empty() {
+        let _ = writeln!(s, "neutralised:");
+        for n in &p.neutralised {
+            let _ = writeln!(
+                s,
+                "  {}={:?}{}: {}",
+                n.key,
+                n.value,
+                n.replacement
+                    .as_deref()
+                    .map(|r| format!(" -> {r}"))
+                    .unwrap_or_default(),
+                n.why
+            );
+        }
+    }
+}
+
 /// The human-readable form.
 pub fn render(p: &Plan) -> String {
     let mut s = String::new();
@@ -124,8 +201,23 @@ pub fn render(p: &Plan) -> String {
             for f in &a.foreign_cdi {
                 let _ = writeln!(s, "  CDI {} (from {})", f.name, f.spec_path);
             }
+            if !a.sources.is_empty() {
+                let _ = writeln!(s, "taken from:");
+                for src in &a.sources {
+                    let _ = writeln!(
+                        s,
+                        "  {:<13} {} {}: {}={:?}",
+                        src.facet,
+                        src.dialect,
+                        origin_name(src.origin),
+                        src.key,
+                        src.value
+                    );
+                }
+            }
         }
     }
+    render_kubelet(&mut s, p);
     let e = &p.edits;
     if !e.device_nodes.is_empty() {
         let _ = writeln!(s, "device nodes:");

@@ -73,13 +73,15 @@ pub struct Intake {
 }
 
 /// The plan for container `id` of `spec`, with the inventory from `load_inventory` (device
-/// numbers are refreshed from `dev-root` here).
+/// numbers are refreshed from `dev-root` here) and kubelet's record of the container
+/// (`kubelet_checkpoint` overrides the `kubelet.checkpoint` key: `gpufence plan`).
 pub fn intake(
     cfg: &Config,
     spec: &serde_json::Value,
     id: &str,
     load_inventory: impl FnOnce(&Config) -> Result<Inventory, String>,
     cdi: &CdiSource,
+    kubelet_checkpoint: Option<&std::path::Path>,
 ) -> Result<Intake, IntakeError> {
     let mut out = Intake {
         plan: Plan {
@@ -113,13 +115,16 @@ pub fn intake(
     } else {
         Vec::<LoadedSpec>::new()
     };
-    out.plan = super::plan(spec, id, &out.inventory, cfg, &specs).map_err(|error| {
-        IntakeError::Allocation {
-            id: id.to_string(),
-            error,
-            inventory: out.inventory_error.clone(),
-        }
-    })?;
+    // What kubelet recorded for this container (trust-env = "kubelet"; a small file read).
+    let kubelet = crate::kubelet::load(cfg, spec, kubelet_checkpoint);
+    out.plan =
+        super::plan_with(spec, id, &out.inventory, cfg, &specs, &kubelet).map_err(|error| {
+            IntakeError::Allocation {
+                id: id.to_string(),
+                error,
+                inventory: out.inventory_error.clone(),
+            }
+        })?;
     if let Some(e) = &out.inventory_error {
         if !out.plan.grants_nothing() {
             return Err(IntakeError::Inventory {
@@ -184,6 +189,7 @@ mod tests {
             "c1",
             |_| panic!("inventory read"),
             &CdiSource::default(),
+            None,
         )
         .unwrap();
         assert_eq!(i.sandbox, Some("containerd"));
@@ -199,6 +205,7 @@ mod tests {
             "c1",
             |_| Err("no cache".into()),
             &CdiSource::default(),
+            None,
         )
         .unwrap_err();
         let line = e.to_string();
@@ -215,6 +222,7 @@ mod tests {
             "c1",
             |_| Err("no cache".into()),
             &CdiSource::default(),
+            None,
         )
         .unwrap();
         assert!(i.plan.grants_nothing());
@@ -228,7 +236,15 @@ mod tests {
             always: false,
         };
         let spec = json!({});
-        let i = intake(&cfg(), &spec, "c1", |_| Ok(Inventory::empty()), &missing).unwrap();
+        let i = intake(
+            &cfg(),
+            &spec,
+            "c1",
+            |_| Ok(Inventory::empty()),
+            &missing,
+            None,
+        )
+        .unwrap();
         assert!(i.cdi_errors.is_empty());
     }
 }

@@ -91,6 +91,12 @@ pub struct Plan {
     /// MPS sharing (daemon pipe and shm, client limits).
     #[serde(default)]
     pub mps: Option<crate::mps::MpsPlan>,
+    /// GPU env not acted on as written, and why (`allocation.trust-env = "kubelet"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neutralised: Vec<crate::allocation::kubelet_env::Neutralised>,
+    /// What kubelet recorded for this container (`allocation.trust-env = "kubelet"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<crate::allocation::kubelet_env::KubeletReport>,
     /// What the shim's quota protects against and what it does not (`SHIM_ISOLATION`), when
     /// the plan hands the container a quota; `None` otherwise.
     #[serde(default)]
@@ -132,12 +138,27 @@ pub fn plan(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Plan, crate::allocation::AllocationError> {
+    let none = crate::kubelet::KubeletSource::Absent;
+    plan_with(spec, container_id, inventory, config, cdi_specs, &none)
+}
+
+/// [`plan`] with what kubelet recorded for the container ([`crate::kubelet::load`]).
+pub fn plan_with(
+    spec: &serde_json::Value,
+    container_id: &str,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    kubelet: &crate::kubelet::KubeletSource,
+) -> Result<Plan, crate::allocation::AllocationError> {
     validate_container_id(container_id)?;
-    let intake = crate::allocation::read(spec, inventory, config, cdi_specs)?;
+    let intake = crate::allocation::read_with(spec, inventory, config, cdi_specs, kubelet)?;
     let mut plan = Plan {
         container_id: container_id.to_string(),
         env_overrides: intake.env_overrides,
         notes: intake.notes,
+        neutralised: intake.neutralised,
+        kubelet: intake.kubelet,
         ..Plan::default()
     };
     let Some(alloc) = intake.allocation else {

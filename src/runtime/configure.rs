@@ -16,11 +16,17 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{Array, DocumentMut, Item, Table, value};
 
-/// Annotation keys the dialects read (gpufence's own, CDI's, and gpushare's GPU count
-/// cross-check), passed into the OCI spec by containerd's `pod_annotations` /
-/// `container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 3] =
-    ["gpufence.dev/*", "cdi.k8s.io/*", "aliyun.com/gpu-count"];
+/// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
+/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
+/// into the OCI spec by containerd's `pod_annotations` / `container_annotations` allow-lists.
+pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
+    "gpufence.dev/*",
+    "cdi.k8s.io/*",
+    "aliyun.com/gpu-count",
+    "hami.io/vgpu-devices-allocated",
+    "ALIYUN_COM_GPU_MEM_*",
+    "nvidia.com/container.*",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Engine {

@@ -111,6 +111,7 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         // node changed (and the result is cached).
         |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
         &CdiSource::default(),
+        None,
     )
     .map_err(|e| match e {
         IntakeError::Allocation { .. } => Exit::invalid(e),
@@ -147,6 +148,8 @@ fn log_decision(id: &str, plan: &Plan) {
             container = id,
             env_overrides = ?plan.env_overrides,
             notes = ?plan.notes,
+            neutralised = ?plan.neutralised,
+            kubelet = plan.kubelet.as_ref().map_or("-", |k| k.status.as_str()),
             "no allocation: no GPU"
         ),
         Some(a) => {
@@ -187,6 +190,12 @@ fn log_decision(id: &str, plan: &Plan) {
                 devices = ?devices,
                 quotas = ?quotas,
                 oversubscribe = a.oversubscribe,
+                sources = ?a
+                    .sources
+                    .iter()
+                    .map(|s| format!("{}:{}:{:?}:{}", s.facet, s.dialect, s.origin, s.key))
+                    .collect::<Vec<_>>(),
+                neutralised = ?plan.neutralised,
                 device_nodes = plan.edits.device_nodes.len(),
                 mounts = plan.edits.mounts.len(),
                 "allocation applied"

@@ -285,3 +285,24 @@ pub fn check_plan(p: &gpufence::plan::Plan, inv: &Inventory) {
         }
     }
 }
+
+/// Plan `spec` as the runtime does with kubelet's checkpoint `checkpoint` (JSON text; `None`: no
+/// kubelet), the container named by the CRI annotations of `spec`.
+pub fn plan_with_checkpoint(
+    spec: &serde_json::Value,
+    checkpoint: Option<&str>,
+    config: &Config,
+) -> Result<gpufence::plan::Plan, gpufence::allocation::AllocationError> {
+    use gpufence::kubelet::{self, KubeletSource, PodIdentity};
+    let ann = spec["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+        .collect();
+    let source = match (checkpoint, PodIdentity::from_annotations(&ann)) {
+        (Some(cp), Ok(Some(id))) => kubelet::from_checkpoint_bytes(cp.as_bytes(), &id, "/cp"),
+        _ => KubeletSource::Absent,
+    };
+    gpufence::plan::plan_with(spec, "ctr-1", &inventory(), config, &[], &source)
+}

@@ -53,7 +53,7 @@ pub struct Part {
 }
 
 impl Part {
-    fn new(dialect: Dialect) -> Part {
+    pub fn new(dialect: Dialect) -> Part {
         Part {
             dialect,
             devices: None,

@@ -1,0 +1,16 @@
+//! Generates the Rust types of kubelet's device plugin `ContainerAllocateResponse` (the
+//! `AllocResp` of its device-manager checkpoint) from `proto/deviceplugin/v1beta1/allocate.proto`
+//! with protox (a protobuf compiler in Rust, so neither `protoc` nor any system package is
+//! needed) and prost-build.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    const PROTO: &str = "proto/deviceplugin/v1beta1/allocate.proto";
+    println!("cargo:rerun-if-changed={PROTO}");
+    let fds = protox::compile([PROTO], ["proto"])?;
+    prost_build::Config::new()
+        // Maps decode into BTreeMap: one order for every reader, duplicates resolved as protobuf
+        // says (last wins) — the checkpoint reader refuses them before that matters.
+        .btree_map(["."])
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! HAMi's `hami.io/vgpu-devices-allocated` pod annotation, written by its scheduler extender at
+//! bind time: one group per container of the pod (init containers first, then the others), each
+//! terminated by `;`; in a group one `UUID,Type,MiB,cores` per device, each terminated by `:`
+//! (`GPU-a,NVIDIA,3000,30:;;` — the first container 3000 MiB and 30 % of GPU-a, the second
+//! nothing). cores `0` means no limit, as HAMi-core reads it.
+//!
+//! The annotation does not say which group is which container. A pod with one container has one
+//! group; otherwise kubelet's record of this container (the env HAMi's device plugin returned
+//! for it) picks the group, and without that record the container is refused rather than given
+//! another container's slice.
+
+use super::super::devices::resolve_list;
+use super::super::dialects::{Facet, Part};
+use super::super::input::Inputs;
+use super::super::{AllocationError, short};
+use super::parse_uint;
+use crate::config::Dialect;
+use crate::inventory::Inventory;
+use crate::kubelet::{ContainerRecord, PodIdentity};
+
+pub const ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+/// Most containers (groups) and devices per container read.
+const MAX_GROUPS: usize = 64;
+const MAX_DEVICES: usize = 16;
+
+/// One device of one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub uuid: String,
+    pub kind: String,
+    pub memory_mib: u32,
+    pub cores: u32,
+}
+
+/// The groups of the annotation, in container order.
+pub fn parse(value: &str) -> Result<Vec<Vec<Device>>, String> {
+    let v = value.strip_suffix(';').unwrap_or(value);
+    let groups: Vec<&str> = v.split(';').collect();
+    if groups.len() > MAX_GROUPS {
+        return Err(format!("more than {MAX_GROUPS} containers"));
+    }
+    groups
+        .iter()
+        .map(|g| {
+            if g.is_empty() {
+                return Ok(Vec::new());
+            }
+            let g = g.strip_suffix(':').unwrap_or(g);
+            let devs: Vec<&str> = g.split(':').collect();
+            if devs.len() > MAX_DEVICES {
+                return Err(format!("more than {MAX_DEVICES} devices for one container"));
+            }
+            devs.iter().map(|d| device(d)).collect()
+        })
+        .collect()
+}
+
+fn device(d: &str) -> Result<Device, String> {
+    let f: Vec<&str> = d.split(',').collect();
+    let [uuid, kind, mem, cores] = f[..] else {
+        return Err(format!("{:?} is not UUID,type,memory-MiB,cores", short(d)));
+    };
+    let is_uuid = uuid
+        .get(..4)
+        .is_some_and(|p| p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-"));
+    if !is_uuid {
+        return Err(format!("{:?} is not a GPU or MIG UUID", short(uuid)));
+    }
+    if kind.is_empty() || kind.bytes().any(|b| b.is_ascii_control()) {
+        return Err(format!("device type {:?}", short(kind)));
+    }
+    let memory_mib = parse_uint(mem)
+        .and_then(|m| u32::try_from(m).ok())
+        .ok_or_else(|| format!("memory {:?} is not a whole number of MiB", short(mem)))?;
+    let cores = parse_uint(cores)
+        .and_then(|c| u32::try_from(c).ok())
+        .filter(|c| *c <= 100)
+        .ok_or_else(|| format!("cores {:?} is not a percentage 0–100", short(cores)))?;
+    Ok(Device {
+        uuid: uuid.to_string(),
+        kind: kind.to_string(),
+        memory_mib,
+        cores,
+    })
+}
+
+/// The group of this container: the only one, or the one matching kubelet's record.
+fn select<'a>(
+    groups: &'a [Vec<Device>],
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+) -> Result<Option<&'a Vec<Device>>, String> {
+    if groups.len() == 1 {
+        return Ok(groups.first());
+    }
+    let name = identity.map_or("this container", |i| i.container_name.as_str());
+    let Some(record) = record else {
+        return Err(format!(
+            "describes {} containers, and which one is {name} needs kubelet's record of it \
+             (allocation.trust-env = \"kubelet\")",
+            groups.len()
+        ));
+    };
+    let env = record.env()?;
+    let Some((nvd, _)) = env.get(super::super::dialects::NVIDIA_VISIBLE_DEVICES) else {
+        // kubelet recorded no GPU for this container: it is one of the empty groups.
+        return Ok(None);
+    };
+    let uuids: Vec<&str> = nvd.split(',').map(str::trim).collect();
+    let memory = |i: usize| {
+        env.get(format!("{}_{i}", super::super::dialects::HAMI_MEMORY).as_str())
+            .and_then(|(v, _)| crate::quantity::parse_hami_bytes(v).ok())
+    };
+    let matches: Vec<&Vec<Device>> = groups
+        .iter()
+        .filter(|g| {
+            g.len() == uuids.len()
+                && g.iter().enumerate().all(|(i, d)| {
+                    d.uuid.eq_ignore_ascii_case(uuids[i])
+                        && memory(i).is_none_or(|m| m == u64::from(d.memory_mib) << 20)
+                })
+        })
+        .collect();
+    match matches.first() {
+        None => Err(format!(
+            "no container entry matches what kubelet recorded for {name} \
+             (NVIDIA_VISIBLE_DEVICES={:?})",
+            short(nvd)
+        )),
+        Some(first) if matches.iter().all(|m| m == first) => Ok(Some(first)),
+        Some(_) => Err(format!(
+            "several container entries match what kubelet recorded for {name}"
+        )),
+    }
+}
+
+pub fn read(
+    inputs: &Inputs,
+    inv: &Inventory,
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+) -> Result<Part, AllocationError> {
+    let mut part = Part::new(Dialect::Hami);
+    let Some(v) = inputs.annotations.get(ALLOCATED) else {
+        return Ok(part);
+    };
+    let err = |why: String| AllocationError::new(ALLOCATED, v, why);
+    let groups = parse(v).map_err(err)?;
+    let Some(group) = select(&groups, identity, record).map_err(err)? else {
+        return Ok(part);
+    };
+    if group.is_empty() {
+        return Ok(part);
+    }
+    let toks: Vec<&str> = group.iter().map(|d| d.uuid.as_str()).collect();
+    let devs = resolve_list(ALLOCATED, v, &toks, inv)?;
+    part.memory = Some(Facet::new(
+        group
+            .iter()
+            .map(|d| (d.memory_mib > 0).then(|| u64::from(d.memory_mib) << 20))
+            .collect(),
+        ALLOCATED,
+        v,
+    ));
+    part.cores = Some(Facet::new(
+        group
+            .iter()
+            .map(|d| u8::try_from(d.cores).ok().filter(|c| (1..100).contains(c)))
+            .collect(),
+        ALLOCATED,
+        v,
+    ));
+    part.devices = Some(Facet::new(devs, ALLOCATED, v));
+    Ok(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_protocol_example_and_real_forms() {
+        let g =
+            parse("GPU-0fc3eda5-e98b,NVIDIA,3000,0:;GPU-0fc3eda5-e98b,NVIDIA,5000,0:;").unwrap();
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[1][0].memory_mib, 5000);
+        let g = parse("GPU-a,NVIDIA,3000,30:GPU-b,NVIDIA,3000,30:;;").unwrap();
+        assert_eq!((g.len(), g[0].len(), g[1].len()), (2, 2, 0));
+        // The older join form without the trailing separators.
+        assert_eq!(parse("GPU-a,NVIDIA,1,2").unwrap()[0][0].cores, 2);
+        for bad in [
+            "GPU-a,NVIDIA:;",
+            "GPU-a,NVIDIA,3000,30,extra:;",
+            "gpu0,NVIDIA,1,1:;",
+            "GPU-a,NVIDIA,-1,1:;",
+            "GPU-a,NVIDIA,1,101:;",
+            "GPU-a,,1,1:;",
+            "GPU-a,NVIDIA,99999999999,1:;",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert!(parse(&";".repeat(100)).is_err());
+    }
+}

@@ -1,0 +1,52 @@
+//! Scheduler pod annotations as dialects: HAMi's `hami.io/vgpu-devices-allocated`, the Aliyun
+//! gpushare extender's `ALIYUN_COM_GPU_MEM_*` and KAI's NvFractions
+//! `nvidia.com/container.<name>.*`. They reach `config.json` through the CRI runtime's pod
+//! annotation allow-list (`gpufence runtime configure` writes it), so they are trusted like
+//! every annotation; they describe the whole pod, and each reader narrows them to this
+//! container (by container name, or by what kubelet recorded for it), agreeing facet by facet
+//! with the env dialects like every other pair.
+
+use super::AllocationError;
+use super::dialects::Part;
+use super::input::Inputs;
+use crate::config::{Config, Dialect};
+use crate::inventory::Inventory;
+use crate::kubelet::{ContainerRecord, PodIdentity};
+
+pub mod gpushare;
+pub mod hami;
+pub mod kai;
+
+/// The parts of the enabled scheduler annotation dialects. `record` is kubelet's record of this
+/// container (trust-env = "kubelet"), used to tell which container of a pod-wide annotation
+/// this one is.
+pub fn read(
+    inputs: &Inputs,
+    inv: &Inventory,
+    config: &Config,
+    record: Option<&ContainerRecord>,
+) -> Result<Vec<Part>, AllocationError> {
+    let identity = PodIdentity::from_annotations(&inputs.annotations)
+        .ok()
+        .flatten();
+    let ac = &config.allocation;
+    let mut parts = Vec::new();
+    if ac.enabled(Dialect::Hami) {
+        parts.push(hami::read(inputs, inv, identity.as_ref(), record)?);
+    }
+    if ac.enabled(Dialect::Gpushare) {
+        parts.push(gpushare::read(inputs, inv, config, record)?);
+    }
+    if ac.enabled(Dialect::Kai) {
+        parts.push(kai::read(inputs, inv, identity.as_ref())?);
+    }
+    Ok(parts)
+}
+
+/// A whole number of at most 19 digits.
+pub(crate) fn parse_uint(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
