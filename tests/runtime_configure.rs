@@ -8,10 +8,19 @@ use std::path::Path;
 use std::process::Command;
 
 fn configure(args: &[&str]) -> (i32, String, String) {
+    engine_cmd("configure", args)
+}
+
+/// `gpufence runtime configure|unconfigure ARGS`, keeping its records in this process's own
+/// directory (not the node's /var/lib/gpufence).
+fn engine_cmd(verb: &str, args: &[&str]) -> (i32, String, String) {
+    let records = std::env::temp_dir().join(format!("gpufence-cfg-records-{}", std::process::id()));
     common::run(
         Command::new(common::bin("gpufence"))
-            .args(["runtime", "configure"])
-            .args(args),
+            .args(["runtime", verb])
+            .args(args)
+            .arg("--record-dir")
+            .arg(records),
     )
 }
 
@@ -131,6 +140,21 @@ fn containerd_v2_and_v3_drop_ins() {
         assert_eq!(code, 0);
         assert!(out.contains("already up to date"), "{out}");
         assert_eq!(snapshot(&s), after);
+
+        // unconfigure: every file as it was before configure, byte for byte; twice is a no-op.
+        for _ in 0..2 {
+            let (code, out, err) = engine_cmd(
+                "unconfigure",
+                &[
+                    "--runtime",
+                    "containerd",
+                    "--config",
+                    main.to_str().unwrap(),
+                ],
+            );
+            assert_eq!(code, 0, "{out}{err}");
+            assert_eq!(snapshot(&s), before, "{out}");
+        }
     }
 }
 
@@ -257,6 +281,18 @@ fn docker_daemon_json_keeps_other_keys() {
         std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
         0o600,
         "mode kept"
+    );
+
+    // unconfigure restores the operator's bytes (and mode).
+    let (code, out, err) = engine_cmd(
+        "unconfigure",
+        &["--runtime", "docker", "--config", p.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), original);
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o600
     );
 
     // Broken daemon.json: refused, untouched.

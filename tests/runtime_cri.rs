@@ -185,7 +185,9 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
                 "containerd",
                 "--config",
             ])
-            .arg(&main),
+            .arg(&main)
+            .arg("--record-dir")
+            .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
     let now = std::fs::read_to_string(&main).unwrap();
