@@ -15,6 +15,7 @@ pub mod cdi;
 pub mod config;
 pub mod exit;
 pub mod hook;
+pub mod install;
 pub mod inventory;
 pub mod logging;
 pub mod plan;
