@@ -30,6 +30,10 @@ pub struct Args {
     /// Print what would be done; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// install: then keep running until SIGTERM or SIGINT (the DaemonSet's container, whose
+    /// preStop hook runs `uninstall`).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 impl Args {
@@ -65,13 +69,35 @@ fn exit(e: super::InstallError) -> Exit {
 }
 
 pub fn install(args: Args) -> Result<(), Exit> {
+    use nix::sys::signal::{SigSet, Signal};
+    let wait = args.wait;
+    // Blocked before any work, so a SIGTERM arriving meanwhile is taken by the wait below.
+    let mut stop = SigSet::empty();
+    stop.add(Signal::SIGTERM);
+    stop.add(Signal::SIGINT);
+    if wait {
+        stop.thread_block()
+            .map_err(|e| Exit::env(format!("sigprocmask: {e}")))?;
+    }
     let o = args.options()?;
     let report = super::install(&o, &mut super::host::RealHost).map_err(exit)?;
     print(&report);
+    if wait {
+        use std::io::Write;
+        println!("installed; waiting for SIGTERM");
+        let _ = std::io::stdout().flush();
+        let sig = stop
+            .wait()
+            .map_err(|e| Exit::env(format!("sigwait: {e}")))?;
+        println!("{sig}: exiting");
+    }
     Ok(())
 }
 
 pub fn uninstall(args: Args) -> Result<(), Exit> {
+    if args.wait {
+        return Err(Exit::invalid("--wait: only for install"));
+    }
     let o = args.options()?;
     let report = super::uninstall(&o, &mut super::host::RealHost).map_err(exit)?;
     print(&report);

@@ -6,9 +6,9 @@ use std::path::Path;
 
 /// What the installer asks of the host.
 pub trait Host {
-    /// Run `argv` (already prefixed with `chroot HOST_ROOT` where needed); `Err` carries one
-    /// line: the exit status and the last line of stderr.
-    fn run(&mut self, argv: &[String]) -> Result<(), String>;
+    /// Run `argv` with `root` as its root directory (chroot unless it is `/`); `Err` carries
+    /// one line: the exit status and the last line of stderr.
+    fn run(&mut self, root: &Path, argv: &[&str]) -> Result<(), String>;
     /// Send SIGHUP to `pid`.
     fn hangup(&mut self, pid: i32) -> Result<(), String>;
 }
@@ -17,13 +17,28 @@ pub trait Host {
 pub struct RealHost;
 
 impl Host for RealHost {
-    fn run(&mut self, argv: &[String]) -> Result<(), String> {
+    fn run(&mut self, root: &Path, argv: &[&str]) -> Result<(), String> {
+        use std::os::unix::process::CommandExt;
         let (prog, args) = argv.split_first().ok_or("empty command")?;
-        let out = std::process::Command::new(prog)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("{prog}: {e}"))?;
+        let mut cmd = std::process::Command::new(prog);
+        cmd.args(args).stdin(std::process::Stdio::null());
+        if root != Path::new("/") {
+            use std::os::unix::ffi::OsStrExt;
+            let root = std::ffi::CString::new(root.as_os_str().as_bytes())
+                .map_err(|_| format!("{}: NUL in path", root.display()))?;
+            // SAFETY: the closure runs in the forked child before exec and only calls chroot(2)
+            // and chdir(2) (async-signal-safe) on C strings prepared before the fork; it
+            // allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::chroot(root.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().map_err(|e| format!("{prog}: {e}"))?;
         if out.status.success() {
             return Ok(());
         }
@@ -49,19 +64,17 @@ impl Host for RealHost {
     }
 }
 
-/// `argv` as run inside the host's root directory `root` (no chroot when it is `/`).
-pub fn in_host(root: &Path, argv: &[&str]) -> Vec<String> {
-    let mut v = Vec::new();
-    if root != Path::new("/") {
-        v.push("chroot".to_string());
-        v.push(root.display().to_string());
+/// `argv` as it runs inside `root`, for messages and the recording host.
+pub fn shown(root: &Path, argv: &[&str]) -> String {
+    if root == Path::new("/") {
+        argv.join(" ")
+    } else {
+        format!("chroot {} {}", root.display(), argv.join(" "))
     }
-    v.extend(argv.iter().map(|s| s.to_string()));
-    v
 }
 
-/// A host that records what it was asked (and fails the commands whose first word after any
-/// `chroot ROOT` is in `failing`).
+/// A host that records what it was asked (and fails the commands whose program is in
+/// `failing`).
 #[derive(Debug, Default)]
 pub struct RecordingHost {
     pub calls: Vec<String>,
@@ -69,15 +82,12 @@ pub struct RecordingHost {
 }
 
 impl Host for RecordingHost {
-    fn run(&mut self, argv: &[String]) -> Result<(), String> {
-        self.calls.push(argv.join(" "));
-        let word = if argv.first().map(String::as_str) == Some("chroot") {
-            argv.get(2)
-        } else {
-            argv.first()
-        };
-        match word {
-            Some(w) if self.failing.contains(w) => Err(format!("{w}: failed (recorded)")),
+    fn run(&mut self, root: &Path, argv: &[&str]) -> Result<(), String> {
+        self.calls.push(shown(root, argv));
+        match argv.first() {
+            Some(w) if self.failing.iter().any(|f| f == w) => {
+                Err(format!("{w}: failed (recorded)"))
+            }
             _ => Ok(()),
         }
     }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::runtime::configure::{Engine, in_root};
 use crate::runtime::unconfigure::{self, ApplyError, Target};
-use host::{Host, in_host};
+use host::Host;
 
 /// Where gpufence lives on the host (the .deb's layout).
 pub const HOST_GPUFENCE: &str = "/usr/bin/gpufence";
@@ -358,22 +358,19 @@ fn warm_inventory(o: &Options, host: &mut dyn Host) -> String {
         return "would warm the inventory cache (gpufence inventory)".into();
     }
     // Under systemd, as a transient unit: outside this pod's device cgroup, like the runtime.
-    let argv = if systemd(o) {
-        in_host(
-            &o.host_root,
-            &[
-                "systemd-run",
-                "--quiet",
-                "--wait",
-                "--collect",
-                HOST_GPUFENCE,
-                "inventory",
-            ],
-        )
+    let argv: &[&str] = if systemd(o) {
+        &[
+            "systemd-run",
+            "--quiet",
+            "--wait",
+            "--collect",
+            HOST_GPUFENCE,
+            "inventory",
+        ]
     } else {
-        in_host(&o.host_root, &[HOST_GPUFENCE, "inventory"])
+        &[HOST_GPUFENCE, "inventory"]
     };
-    match host.run(&argv) {
+    match host.run(&o.host_root, argv) {
         Ok(()) => "inventory cache warmed".into(),
         Err(e) => format!(
             "inventory cache not warmed ({e}); gpufence-runtime builds it at the first GPU container"
@@ -411,7 +408,7 @@ fn restart(o: &Options, host: &mut dyn Host) -> Result<String, InstallError> {
     }
     match how {
         Restart::Systemd => {
-            host.run(&in_host(&o.host_root, &["systemctl", "restart", unit(o.engine)]))
+            host.run(&o.host_root, &["systemctl", "restart", unit(o.engine)])
                 .map_err(fail)?;
             Ok(format!("restarted {} (systemd)", unit(o.engine)))
         }
