@@ -46,7 +46,7 @@ install -m 0644 packaging/k8s/*.yaml "$root/usr/share/gpufence/k8s/"
 install -m 0644 cdi/*.json cdi/*.yaml "$root/usr/share/gpufence/cdi/"
 # The binaries are glibc-dynamic: their libraries and loader, from the build machine, at the
 # paths the binaries name.
-for lib in $(ldd "$BIN/gpufence" "$BIN/gpufence-runtime" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u); do
+for lib in $(ldd "$BIN/gpufence" "$BIN/gpufence-runtime" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && NF > 1 {print $1}' | sort -u); do
   install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
 done
 install -d -m 1777 "$root/tmp"

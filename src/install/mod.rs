@@ -357,8 +357,18 @@ fn warm_inventory(o: &Options, host: &mut dyn Host) -> String {
     if o.dry_run {
         return "would warm the inventory cache (gpufence inventory)".into();
     }
-    // Under systemd, as a transient unit: outside this pod's device cgroup, like the runtime.
-    let argv: &[&str] = if systemd(o) {
+    let under_systemd = systemd(o);
+    // NVML lists only the GPUs the caller may open: a cache taken where the device cgroup
+    // denies them (a pod) would tell the runtime the node has none. Under systemd the scan runs
+    // as a transient unit, outside this pod's cgroup, like the runtime; elsewhere only when the
+    // device nodes open from here.
+    if !under_systemd && let Some(denied) = denied_device(ctl.parent().unwrap_or(Path::new("/"))) {
+        return format!(
+            "inventory cache not warmed: {}: no access from here (device cgroup); gpufence-runtime builds it at the first GPU container",
+            denied.display()
+        );
+    }
+    let argv: &[&str] = if under_systemd {
         &[
             "systemd-run",
             "--quiet",
@@ -376,6 +386,32 @@ fn warm_inventory(o: &Options, host: &mut dyn Host) -> String {
             "inventory cache not warmed ({e}); gpufence-runtime builds it at the first GPU container"
         ),
     }
+}
+
+/// The first of `dev/nvidiactl`, `dev/nvidia<N>` that this process may not open (EPERM: its
+/// device cgroup denies it).
+fn denied_device(dev: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let entries = std::fs::read_dir(dev).ok()?;
+    let mut nodes: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n == "nvidiactl"
+                    || n.strip_prefix("nvidia")
+                        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .collect();
+    nodes.sort();
+    nodes.into_iter().find(|p| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(p)
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EPERM))
+    })
 }
 
 fn systemd(o: &Options) -> bool {
