@@ -9,7 +9,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= /tmp/gpufence-demo
 # Debian packages the build, the demo and the end-to-end tests need.
-APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool \
+APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool docker.io rpm \
                 python3-venv python3-pip iproute2 uidmap binutils
 PY_VENV := $(CURDIR)/target/venv
 
