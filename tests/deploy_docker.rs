@@ -9,7 +9,7 @@ mod common;
 mod runtime_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use runtime_support::{PROBE, facts};
@@ -108,18 +108,17 @@ fn docker_20_10_runtime_grants_a_gpu_from_trusted_env_only() {
     )
     .unwrap();
     let rootfs = common::busybox_rootfs(&s.join("img"));
-    let tar = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .args(["-c", "."])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let tar = s.join("bb.tar");
     let (code, out, err) = common::run(
-        d.docker()
-            .args(["import", "-", "gpufence-bb:test"])
-            .stdin(tar.stdout.unwrap()),
+        Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."),
     );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = common::run(d.docker().arg("import").arg(&tar).arg("gpufence-bb:test"));
     assert_eq!(code, 0, "{out}{err}");
 
     let run = |extra: &[&str]| {
