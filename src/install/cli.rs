@@ -34,6 +34,10 @@ pub struct Args {
     /// preStop hook runs `uninstall`).
     #[arg(long)]
     pub wait: bool,
+    /// install: even in front of a runc/crun release with known container escapes (a warning
+    /// instead of a refusal).
+    #[arg(long)]
+    pub allow_vulnerable_runtime: bool,
 }
 
 impl Args {
@@ -56,6 +60,7 @@ impl Args {
             sources: Sources::beside(&bin_dir),
             restart: self.restart,
             dry_run: self.dry_run,
+            allow_vulnerable_runtime: self.allow_vulnerable_runtime,
         })
     }
 }
@@ -63,6 +68,7 @@ impl Args {
 fn exit(e: super::InstallError) -> Exit {
     match e {
         super::InstallError::Engine(e) => crate::runtime::cli::apply_exit(e),
+        super::InstallError::Runtime(e) => e,
         super::InstallError::Manifest { .. } | super::InstallError::HostRoot(_) => Exit::invalid(e),
         e => Exit::env(e),
     }

@@ -18,25 +18,11 @@ pub struct RealHost;
 
 impl Host for RealHost {
     fn run(&mut self, root: &Path, argv: &[&str]) -> Result<(), String> {
-        use std::os::unix::process::CommandExt;
         let (prog, args) = argv.split_first().ok_or("empty command")?;
         let mut cmd = std::process::Command::new(prog);
         cmd.args(args).stdin(std::process::Stdio::null());
         if root != Path::new("/") {
-            use std::os::unix::ffi::OsStrExt;
-            let root = std::ffi::CString::new(root.as_os_str().as_bytes())
-                .map_err(|_| format!("{}: NUL in path", root.display()))?;
-            // SAFETY: the closure runs in the forked child before exec and only calls chroot(2)
-            // and chdir(2) (async-signal-safe) on C strings prepared before the fork; it
-            // allocates nothing.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::chroot(root.as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            crate::runtime::cli::chroot_into(&mut cmd, root).map_err(|e| e.message)?;
         }
         let out = cmd.output().map_err(|e| format!("{prog}: {e}"))?;
         if out.status.success() {

@@ -86,6 +86,8 @@ pub struct Options {
     pub sources: Sources,
     pub restart: Restart,
     pub dry_run: bool,
+    /// Install even in front of a runc/crun release with known container escapes.
+    pub allow_vulnerable_runtime: bool,
 }
 
 impl Options {
@@ -147,6 +149,8 @@ pub enum InstallError {
     Restart { unit: &'static str, message: String },
     #[error("{0}: not a directory (--host-root names the host's root directory)")]
     HostRoot(PathBuf),
+    #[error("{}", .0.message)]
+    Runtime(crate::exit::Exit),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
@@ -321,6 +325,8 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         ));
     }
 
+    crate::runtime::cli::check_real_runtime(&o.host_root, o.allow_vulnerable_runtime)
+        .map_err(InstallError::Runtime)?;
     ensure_dir(o, &Path::new(HOST_STATE).join("configure"), &mut m)?;
     let engine_report = unconfigure::apply_configure(&o.target(), o.dry_run)?;
     let changed = engine_report.iter().any(|l| l.starts_with("wrote "));
