@@ -257,7 +257,19 @@ fn bad_host_root_and_missing_sources_are_one_line() {
     o.host_root = host.join("nope");
     let e = install(&o, &mut RecordingHost::default()).unwrap_err();
     assert!(e.to_string().contains("nope: not a directory"), "{e}");
-    o.host_root = host;
+    o.host_root = host.clone();
+    // The host's runc/crun is checked before the engine is touched; none found is a refusal.
+    o.allow_vulnerable_runtime = false;
+    let e = install(&o, &mut RecordingHost::default()).unwrap_err();
+    assert!(
+        e.to_string().ends_with("host: no runc or crun in the host"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap(),
+        CONTAINERD
+    );
+    o.allow_vulnerable_runtime = true;
     o.sources.shim = PathBuf::from("/nonexistent/libgpufence.so");
     let e = install(&o, &mut RecordingHost::default()).unwrap_err();
     assert_eq!(

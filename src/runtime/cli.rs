@@ -136,7 +136,14 @@ pub fn check_real_runtime(root: &Path, allow: bool) -> Result<(), Exit> {
     let rt = if here {
         super::real_runtime(&cfg)?
     } else {
-        host_runtime(root, &cfg)?
+        match host_runtime(root, &cfg) {
+            Ok(rt) => rt,
+            Err(e) if allow => {
+                eprintln!("warning: {} (--allow-vulnerable-runtime)", e.message);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
     };
     let what = format!("{} --version", rt.display());
     let mut cmd = std::process::Command::new(&rt);
