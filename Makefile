@@ -2,16 +2,18 @@
 #   make demo   build, simulate a 4-GPU node, print inventory + CDI spec, run a podman container on GPU 1
 #   make test   the whole test suite (unit, property, fuzz-bounded, end-to-end with runc/podman/containerd)
 #   make fuzz   coverage-guided fuzzing (cargo-fuzz) of every untrusted-input parser, FUZZ_SECONDS each
+#   make image  the installer OCI image (umoci, from scratch) in $(IMAGE_DIR)/oci, tagged with the version
+#   make package  the .deb (cargo-deb) and .rpm (cargo-generate-rpm) in target/debian, target/generate-rpm
 
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= /tmp/gpufence-demo
 # Debian packages the build, the demo and the end-to-end tests need.
-APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool \
+APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool docker.io rpm \
                 python3-venv python3-pip iproute2 uidmap binutils
 PY_VENV := $(CURDIR)/target/venv
 
-.PHONY: all deps rust build build-debug shim-compat demo test fuzz lint fmt bench clean-demo
+.PHONY: all deps rust package-tools build build-debug shim-compat demo test fuzz lint fmt bench clean-demo image package
 
 all: build
 
@@ -23,7 +25,7 @@ deps:
 	  if [ "$$(id -u)" != 0 ]; then echo "run as root (apt-get install$$missing)"; exit 1; fi; \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	@$(MAKE) --no-print-directory rust
+	@$(MAKE) --no-print-directory rust package-tools
 	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc' 2>/dev/null; then \
 	  echo ">> python venv for the CRI client"; mkdir -p target; python3 -m venv $(PY_VENV) && \
 	  $(PY_VENV)/bin/pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf; \
@@ -33,6 +35,12 @@ rust:
 	@command -v $(CARGO) >/dev/null 2>&1 || { \
 	  echo ">> installing the Rust toolchain (rustup)"; \
 	  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal && . $$HOME/.cargo/env; }
+
+# cargo-deb and cargo-generate-rpm (make package; the package test): installed once into
+# ~/.cargo/bin, which later runs (and CI on the same machine) reuse.
+package-tools:
+	@for t in cargo-deb cargo-generate-rpm; do \
+	  command -v $$t >/dev/null 2>&1 || { echo ">> installing $$t"; $(CARGO) install --locked -q $$t; }; done
 
 build: deps
 	$(CARGO) build --release --workspace
@@ -48,6 +56,18 @@ shim-compat:
 	  cp target/x86_64-unknown-linux-gnu/release/libgpufence.so target/release/libgpufence.so && \
 	  echo ">> libgpufence.so built for glibc >= 2.17 (max symbol: $$(objdump -T target/release/libgpufence.so | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1))"; \
 	else echo "warning: cargo-zigbuild unavailable; libgpufence.so needs the build machine's glibc"; fi
+
+# The installer image: gpufence, gpufence-runtime, the glibc 2.17 shim, the libraries the binaries
+# load, hooks, manifests; entrypoint `gpufence install`. Push: skopeo copy oci:$(IMAGE_DIR)/oci:<version>
+# docker://REGISTRY/gpufence:<version> (the tag packaging/k8s/kustomization.yaml names).
+IMAGE_DIR ?= target/image
+image: build
+	bash scripts/image.sh target/release $(IMAGE_DIR)
+
+package: build
+	$(CARGO) deb --no-build
+	$(CARGO) generate-rpm
+	@ls target/debian/*.deb target/generate-rpm/*.rpm
 
 build-debug:
 	$(CARGO) build --workspace

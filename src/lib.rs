@@ -21,6 +21,7 @@ pub mod enter;
 pub mod exit;
 pub mod hook;
 pub mod hostfiles;
+pub mod install;
 pub mod inventory;
 pub mod kubelet;
 pub mod ldso;

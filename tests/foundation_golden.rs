@@ -21,9 +21,13 @@ fn generate(cfg: &Path, format: &str) -> String {
 }
 
 fn check(golden: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(golden);
+    check_file(&Path::new("tests/golden").join(golden), actual)
+}
+
+/// Compare `actual` with the file at `rel` (from the repository root), or rewrite the file under
+/// `GPUFENCE_UPDATE_GOLDEN=1`.
+fn check_file(rel: &Path, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     if std::env::var_os("GPUFENCE_UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, actual).unwrap();
         return;
@@ -72,4 +76,47 @@ fn cdi_spec_is_pinned() {
     assert_eq!(a, b);
     assert_eq!(a.cdi_version, "0.5.0");
     assert_eq!(a.devices.len(), 2 * 2 + 7 * 2 + 1);
+}
+
+/// The operator-facing examples in `cdi/`: the simulated node's specs as they read on a node
+/// whose driver is installed at `/` (the simulated node's `dev/` → `/dev`, its driver root → `/`,
+/// the build directory → `/usr/bin`, its config → `/etc/gpufence/config.toml`). The test fails
+/// when the generator's output drifts from them.
+#[test]
+fn cdi_examples_are_what_the_generator_writes() {
+    if common::skip_unless(&[]) {
+        return;
+    }
+    for (name, mig) in [("sim-2gpu", None), ("sim-2gpu-mig1", Some(1))] {
+        let dir = common::scratch(&format!("cdi-example-{name}"));
+        let cfg = common::sim_node(&dir, 2, mig);
+        let sim = dir.canonicalize().unwrap().display().to_string();
+        let bin = common::target_dir()
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string();
+        let as_on_a_node = |s: String| {
+            s.replace(&format!("{sim}/driver/"), "/")
+                .replace(&format!("{sim}/config.toml"), "/etc/gpufence/config.toml")
+                .replace(&format!("{sim}/dev/"), "/dev/")
+                .replace(&format!("{bin}/gpufence"), "/usr/bin/gpufence")
+        };
+        let mut specs = Vec::new();
+        for format in ["json", "yaml"] {
+            let spec = as_on_a_node(generate(&cfg, format));
+            assert!(
+                !spec.contains(&sim) && !spec.contains(&bin),
+                "unmapped path in {spec}"
+            );
+            check_file(&Path::new("cdi").join(format!("{name}.{format}")), &spec);
+            specs.push(spec);
+        }
+        let a: gpufence::cdi::Spec = serde_json::from_str(&specs[0]).unwrap();
+        let b: gpufence::cdi::Spec = yaml_serde::from_str(&specs[1]).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.kind, "gpufence.dev/gpu");
+        let mig_devices = if mig.is_some() { 7 * 2 } else { 0 };
+        assert_eq!(a.devices.len(), 2 * 2 + mig_devices + 1, "{name}");
+    }
 }

@@ -10,6 +10,12 @@ use std::process::Command;
 /// `gpufence runtime configure ARGS` in front of a (fake) fixed runc: the version check has its
 /// own tests below.
 fn configure(args: &[&str]) -> (i32, String, String) {
+    engine_cmd("configure", args)
+}
+
+/// `gpufence runtime configure|unconfigure ARGS` in front of the fixed runc, keeping its records
+/// in this process's own directory (not the node's /var/lib/gpufence).
+fn engine_cmd(verb: &str, args: &[&str]) -> (i32, String, String) {
     static FIXED: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let cfg = FIXED.get_or_init(|| {
         fake_runtime(
@@ -18,7 +24,18 @@ fn configure(args: &[&str]) -> (i32, String, String) {
             "runc version 1.3.3",
         )
     });
-    configure_with(cfg, args)
+    common::run(
+        Command::new(common::bin("gpufence"))
+            .env("GPUFENCE_CONFIG", cfg)
+            .args(["runtime", verb])
+            .args(args)
+            .arg("--record-dir")
+            .arg(records()),
+    )
+}
+
+fn records() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gpufence-cfg-records-{}", std::process::id()))
 }
 
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -137,6 +154,21 @@ fn containerd_v2_and_v3_drop_ins() {
         assert_eq!(code, 0);
         assert!(out.contains("already up to date"), "{out}");
         assert_eq!(snapshot(&s), after);
+
+        // unconfigure: every file as it was before configure, byte for byte; twice is a no-op.
+        for _ in 0..2 {
+            let (code, out, err) = engine_cmd(
+                "unconfigure",
+                &[
+                    "--runtime",
+                    "containerd",
+                    "--config",
+                    main.to_str().unwrap(),
+                ],
+            );
+            assert_eq!(code, 0, "{out}{err}");
+            assert_eq!(snapshot(&s), before, "{out}");
+        }
     }
 }
 
@@ -265,6 +297,18 @@ fn docker_daemon_json_keeps_other_keys() {
         "mode kept"
     );
 
+    // unconfigure restores the operator's bytes (and mode).
+    let (code, out, err) = engine_cmd(
+        "unconfigure",
+        &["--runtime", "docker", "--config", p.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), original);
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
     // Broken daemon.json: refused, untouched.
     std::fs::write(&p, "{ not json").unwrap();
     let (code, _, err) = configure(&["--runtime", "docker", "--config", p.to_str().unwrap()]);
@@ -297,7 +341,9 @@ fn configure_with(gpufence_cfg: &Path, args: &[&str]) -> (i32, String, String) {
         Command::new(common::bin("gpufence"))
             .env("GPUFENCE_CONFIG", gpufence_cfg)
             .args(["runtime", "configure"])
-            .args(args),
+            .args(args)
+            .arg("--record-dir")
+            .arg(records()),
     )
 }
 

@@ -8,57 +8,14 @@
 //! variables) is neutralised, and a missing checkpoint refuses the HAMi pod in one line.
 
 mod common;
+mod cri_support;
 mod runtime_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
+use cri_support::{Containerd, import_image, import_image_named};
 use runtime_support::{PROBE, facts, node};
-
-/// containerd on its own socket and directories; killed (and waited for) on drop.
-struct Containerd {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Containerd {
-    fn ctr(&self) -> Command {
-        let mut c = Command::new("ctr");
-        c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
-        c
-    }
-}
-
-fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("GPUFENCE_CRI_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/venv/bin/python"));
-    let ok = Command::new(&p)
-        .args(["-c", "import cri_api.v1.api_pb2, grpc"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(p)
-}
 
 fn operator_config(dir: &Path) -> String {
     let d = dir.display();
@@ -88,59 +45,6 @@ state = "{d}/state"
           SystemdCgroup = false
 "#
     )
-}
-
-/// The busybox rootfs as an OCI image `localhost/<name>:test` with this env, imported into
-/// containerd.
-fn import_image(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
-    let rootfs = common::busybox_rootfs(&s.join(format!("image-src-{name}")));
-    let img = s.join(format!("img-{name}"));
-    let ub = s.join(format!("img-bundle-{name}"));
-    let sh = |args: &[&str]| {
-        let (code, out, err) = common::run(Command::new(args[0]).args(&args[1..]));
-        assert_eq!(code, 0, "{args:?}: {out}{err}");
-    };
-    let layout = img.to_str().unwrap();
-    let tag = format!("{layout}:test");
-    sh(&["umoci", "init", "--layout", layout]);
-    sh(&["umoci", "new", "--image", &tag]);
-    sh(&["umoci", "unpack", "--image", &tag, ub.to_str().unwrap()]);
-    sh(&[
-        "cp",
-        "-a",
-        &format!("{}/.", rootfs.display()),
-        &format!("{}/rootfs/", ub.display()),
-    ]);
-    sh(&["umoci", "repack", "--image", &tag, ub.to_str().unwrap()]);
-    let mut config = vec![
-        "umoci",
-        "config",
-        "--image",
-        &tag,
-        "--config.entrypoint",
-        "/bin/sleep",
-        "--config.cmd",
-        "2147483647",
-    ];
-    for e in env {
-        config.extend(["--config.env", e]);
-    }
-    sh(&config);
-    let tar = s.join(format!("{name}-oci.tar"));
-    sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
-    let (code, out, err) = common::run(
-        c.ctr()
-            .args([
-                "images",
-                "import",
-                "--base-name",
-                &format!("localhost/{name}"),
-                "--snapshotter",
-                "native",
-            ])
-            .arg(&tar),
-    );
-    assert_eq!(code, 0, "ctr import: {out}{err}");
 }
 
 fn cri(
@@ -181,11 +85,7 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     if common::skip_unless(&["runc", "containerd", "ctr", "umoci", "tar"]) {
         return;
     }
-    let Some(py) = python() else {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("target/venv with container-runtime-interface-api missing (make deps)");
-        }
-        eprintln!("SKIP: no target/venv with container-runtime-interface-api (make deps)");
+    let Some(py) = cri_support::python() else {
         return;
     };
     let s = common::scratch("rt-cri");
@@ -216,7 +116,9 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
                 "containerd",
                 "--config",
             ])
-            .arg(&main),
+            .arg(&main)
+            .arg("--record-dir")
+            .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
     let now = std::fs::read_to_string(&main).unwrap();
@@ -245,26 +147,8 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         .stderr(log)
         .spawn()
         .expect("start containerd");
-    let c = Containerd { child, sock };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, _, _) = common::run(
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&c.sock)
-                .arg("version"),
-        );
-        if code == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "containerd did not start: {}",
-            std::fs::read_to_string(cdir.join("containerd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    import_image(&s, &c, "pause", &["PATH=/bin:/usr/bin"]);
+    let c = Containerd::started(child, sock, &cdir.join("containerd.log"));
+    import_image(&s, &c);
 
     // The pod annotation picks GPU 1.
     let r = cri(
@@ -329,7 +213,7 @@ fn kubelet_checkpoint_decides_env(py: &Path, c: &Containerd, s: &Path, checkpoin
     use gpufence::kubelet;
     // A CUDA-like image: every CUDA base image sets NVIDIA_VISIBLE_DEVICES=all; this one also
     // tries for a second GPU's worth of HAMi memory.
-    import_image(
+    import_image_named(
         s,
         c,
         "cuda",

@@ -33,6 +33,11 @@ enum Cmd {
     /// Register gpufence with a container runtime.
     #[command(subcommand)]
     Runtime(gpufence::runtime::cli::Cmd),
+    /// Install gpufence on the node whose root is at --host-root: binaries, shim, config if
+    /// absent, runtime handler, inventory cache, engine restart (what the installer image runs).
+    Install(gpufence::install::cli::Args),
+    /// Take back what `install` did: the engine's files byte-for-byte, gpufence's files.
+    Uninstall(gpufence::install::cli::Args),
 }
 
 fn main() {
@@ -44,6 +49,8 @@ fn main() {
         Cmd::Plan(a) => gpufence::plan::cli::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
+        Cmd::Install(a) => gpufence::install::cli::install(a),
+        Cmd::Uninstall(a) => gpufence::install::cli::uninstall(a),
     };
     gpufence::exit::finish("gpufence", r)
 }

@@ -28,7 +28,10 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
     "nvidia.com/container.*",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Engine {
     Containerd,
     Crio,
@@ -78,7 +81,7 @@ pub enum ConfigureError {
     Unsupported { path: PathBuf, message: String },
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, ConfigureError> {
+pub fn read_optional(path: &Path) -> Result<Option<String>, ConfigureError> {
     match std::fs::read_to_string(path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -106,6 +109,34 @@ pub fn plan_writes(
     binary: &Path,
     handler: &str,
 ) -> Result<Vec<FileWrite>, ConfigureError> {
+    plan_writes_at(Path::new("/"), engine, config, binary, handler)
+}
+
+/// `path` (as the host sees it) inside the host's root directory `root`.
+pub fn in_root(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The drop-in file `configure` owns for `engine` (as the host sees it), if the engine has one.
+pub fn drop_in_path(engine: Engine, config: &Path, handler: &str) -> Option<PathBuf> {
+    let dir = config.parent().unwrap_or(Path::new("/"));
+    match engine {
+        Engine::Containerd => Some(dir.join("conf.d").join(format!("{handler}.toml"))),
+        Engine::Crio => Some(dir.join("crio.conf.d").join(format!("99-{handler}.conf"))),
+        Engine::Docker => None,
+    }
+}
+
+/// [`plan_writes`] for a host whose root directory is mounted at `root`: `config` and `binary`
+/// are paths as the host sees them (and are written so into the files); each
+/// [`FileWrite::path`] is where the file lies from here (`root` joined with the host's path).
+pub fn plan_writes_at(
+    root: &Path,
+    engine: Engine,
+    config: &Path,
+    binary: &Path,
+    handler: &str,
+) -> Result<Vec<FileWrite>, ConfigureError> {
     if handler.is_empty()
         || !handler
             .bytes()
@@ -116,28 +147,28 @@ pub fn plan_writes(
             message: format!("handler name {handler:?}: use letters, digits, - and _"),
         });
     }
-    let dir = config.parent().unwrap_or(Path::new("/"));
-    match engine {
-        Engine::Containerd => {
-            let main = read_optional(config)?.ok_or_else(|| ConfigureError::Unsupported {
-                path: config.to_path_buf(),
-                message: "no such file: create it first (`containerd config default`)".into(),
-            })?;
-            let drop_in_path = dir.join("conf.d").join(format!("{handler}.toml"));
+    let here = |p: &Path| in_root(root, p);
+    let drop_in = drop_in_path(engine, config, handler);
+    match (engine, drop_in) {
+        (Engine::Containerd, Some(drop_in_path)) => {
+            let main =
+                read_optional(&here(config))?.ok_or_else(|| ConfigureError::Unsupported {
+                    path: config.to_path_buf(),
+                    message: "no such file: create it first (`containerd config default`)".into(),
+                })?;
             let (new_main, drop_in) = containerd(&main, config, &drop_in_path, binary, handler)?;
             Ok(vec![
-                file_write(drop_in_path, drop_in, 0o644)?,
-                file_write(config.to_path_buf(), new_main, 0o644)?,
+                file_write(here(&drop_in_path), drop_in, 0o644)?,
+                file_write(here(config), new_main, 0o644)?,
             ])
         }
-        Engine::Crio => {
-            let path = dir.join("crio.conf.d").join(format!("99-{handler}.conf"));
-            Ok(vec![file_write(path, crio(binary, handler), 0o644)?])
+        (Engine::Crio, Some(path)) => {
+            Ok(vec![file_write(here(&path), crio(binary, handler), 0o644)?])
         }
-        Engine::Docker => {
-            let text = read_optional(config)?;
+        _ => {
+            let text = read_optional(&here(config))?;
             let new = docker(text.as_deref(), config, binary, handler)?;
-            Ok(vec![file_write(config.to_path_buf(), new, 0o644)?])
+            Ok(vec![file_write(here(config), new, 0o644)?])
         }
     }
 }
@@ -373,7 +404,15 @@ pub fn docker(
         handler.to_string(),
         serde_json::json!({"path": binary.display().to_string()}),
     );
-    // Keep the operator's indentation (first indented line), 4 spaces by default.
+    docker_render(&v, text).map_err(|e| parse_err(e.to_string()))
+}
+
+/// `daemon.json` text for `v`, indented like the operator's `text` (first indented line), 4
+/// spaces by default; ends with a newline.
+pub fn docker_render(
+    v: &serde_json::Value,
+    text: Option<&str>,
+) -> Result<String, serde_json::Error> {
     let indent: String = text
         .and_then(|t| {
             t.lines()
@@ -385,7 +424,7 @@ pub fn docker(
     let mut out = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
     let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
-    serde::Serialize::serialize(&v, &mut ser).map_err(|e| parse_err(e.to_string()))?;
+    serde::Serialize::serialize(v, &mut ser)?;
     let mut s = String::from_utf8(out).expect("serde_json writes UTF-8");
     s.push('\n');
     Ok(s)

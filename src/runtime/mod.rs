@@ -25,6 +25,7 @@ pub mod cli;
 pub mod configure;
 pub mod ldcache;
 pub mod runclog;
+pub mod unconfigure;
 pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};

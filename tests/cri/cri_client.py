@@ -32,8 +32,10 @@ def main():
         v = rt.Version(pb.VersionRequest(), timeout=timeout)
         out["runtime"] = f"{v.runtime_name} {v.runtime_version}"
         name = req.get("name", "pod")
+        # As containerd sees it; "root": where containerd's root directory is from here (a
+        # containerd chrooted into a test's host root).
         log_dir = os.path.join(req["dir"], "pod-logs", name)
-        os.makedirs(log_dir, exist_ok=True)
+        os.makedirs(req.get("root", "") + log_dir, exist_ok=True)
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
             log_directory=log_dir,
@@ -76,7 +78,7 @@ def main():
             time.sleep(0.1)
         else:
             raise RuntimeError("container did not exit in time")
-        with open(os.path.join(log_dir, "app.log")) as f:
+        with open(os.path.join(req.get("root", "") + log_dir, "app.log")) as f:
             # CRI log lines: "<time> <stream> <tag> <message>"
             out["log"] = "".join(l.split(" ", 3)[3] if l.count(" ") >= 3 else l for l in f)
         out["stage"] = "done"

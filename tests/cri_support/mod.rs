@@ -1,0 +1,173 @@
+//! containerd driven through CRI for the e2e tests: a containerd on its own socket (killed on
+//! drop), the busybox image imported as `localhost/pause:test`, and one pod run by the Python
+//! CRI client (tests/cri/cri_client.py, PyPI `container-runtime-interface-api` in target/venv,
+//! set up by `make deps`).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+
+/// containerd on its own socket and directories; killed (and waited for) on drop.
+pub struct Containerd {
+    pub child: Child,
+    pub sock: PathBuf,
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Containerd {
+    /// Wrap a started containerd and wait until it answers on `sock` (`log`: its output, shown
+    /// when it does not come up).
+    pub fn started(child: Child, sock: PathBuf, log: &Path) -> Containerd {
+        let c = Containerd { child, sock };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, _, _) = common::run(
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(&c.sock)
+                    .arg("version"),
+            );
+            if code == 0 {
+                return c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not start: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn ctr(&self) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
+        c
+    }
+}
+
+/// The venv's Python with the CRI stubs; `None` (a skip, a failure under CI) without it.
+pub fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("GPUFENCE_CRI_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/venv/bin/python"));
+    let ok = Command::new(&p)
+        .args(["-c", "import cri_api.v1.api_pb2, grpc"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(p);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("target/venv with container-runtime-interface-api missing (make deps)");
+    }
+    eprintln!("SKIP: no target/venv with container-runtime-interface-api (make deps)");
+    None
+}
+
+/// The busybox rootfs as an OCI image `localhost/pause:test`, imported into containerd.
+pub fn import_image(s: &Path, c: &Containerd) {
+    import_image_named(s, c, "pause", &["PATH=/bin:/usr/bin"]);
+}
+
+/// The busybox rootfs as an OCI image `localhost/<name>:test` with this env, imported into
+/// containerd.
+pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
+    let rootfs = common::busybox_rootfs(&s.join(format!("image-src-{name}")));
+    let img = s.join(format!("img-{name}"));
+    let ub = s.join(format!("img-bundle-{name}"));
+    let sh = |args: &[&str]| {
+        let (code, out, err) = common::run(Command::new(args[0]).args(&args[1..]));
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+    };
+    let layout = img.to_str().unwrap();
+    let tag = format!("{layout}:test");
+    sh(&["umoci", "init", "--layout", layout]);
+    sh(&["umoci", "new", "--image", &tag]);
+    sh(&["umoci", "unpack", "--image", &tag, ub.to_str().unwrap()]);
+    sh(&[
+        "cp",
+        "-a",
+        &format!("{}/.", rootfs.display()),
+        &format!("{}/rootfs/", ub.display()),
+    ]);
+    sh(&["umoci", "repack", "--image", &tag, ub.to_str().unwrap()]);
+    let mut config = vec![
+        "umoci",
+        "config",
+        "--image",
+        &tag,
+        "--config.entrypoint",
+        "/bin/sleep",
+        "--config.cmd",
+        "2147483647",
+    ];
+    for e in env {
+        config.extend(["--config.env", e]);
+    }
+    sh(&config);
+    let tar = s.join(format!("{name}-oci.tar"));
+    sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
+    let (code, out, err) = common::run(
+        c.ctr()
+            .args([
+                "images",
+                "import",
+                "--base-name",
+                &format!("localhost/{name}"),
+                "--snapshotter",
+                "native",
+            ])
+            .arg(&tar),
+    );
+    assert_eq!(code, 0, "ctr import: {out}{err}");
+}
+
+/// One pod through the `gpufence` handler running `command`; the client's JSON answer.
+/// `dir` is a directory as containerd sees it, `root` where containerd's root directory is
+/// from here (`/` unless containerd runs chrooted).
+pub fn pod(
+    py: &Path,
+    c: &Containerd,
+    root: &Path,
+    dir: &Path,
+    name: &str,
+    pod_annotations: serde_json::Value,
+    command: &str,
+) -> serde_json::Value {
+    let root = if root == Path::new("/") {
+        String::new()
+    } else {
+        root.display().to_string()
+    };
+    let req = serde_json::json!({
+        "socket": c.sock, "handler": "gpufence", "dir": dir, "root": root, "name": name,
+        "pod_annotations": pod_annotations, "image": "localhost/pause:test",
+        "command": ["/bin/sh", "-c", command], "timeout": 30,
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri/cri_client.py");
+    let (code, out, err) = common::run(Command::new(py).arg(script).arg(req.to_string()));
+    assert_eq!(code, 0, "cri client: {out}{err}");
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
