@@ -823,9 +823,11 @@ fn libpod_image_annotation_grants_nothing() {
     );
 }
 
-/// Issue 15 (2): an image whose `/etc/ld.so.conf` is a FIFO blocked the ld cache refresh in
-/// the hook's forked worker forever; the worker kept runc's hook pipes open, so podman never
-/// returned. Now the worker is killed at `timeouts.worker` and podman returns with one line.
+/// Issue 15 (2): an image whose `/etc/ld.so.conf` is a FIFO blocked the ld cache refresh
+/// (`ldconfig`) in the hook's forked worker forever; the worker kept runc's hook pipes open, so
+/// podman never returned. The refresh no longer reads `ld.so.conf` (nor opens anything of the
+/// image but regular files), and the worker is bounded by `timeouts.worker` anyway: podman
+/// returns at once and the container runs with its GPU.
 #[test]
 fn blocking_image_does_not_hang_podman() {
     let Some(e) = setup_with(
@@ -885,27 +887,16 @@ fn blocking_image_does_not_hang_podman() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(!out.status.success(), "{stdout}{stderr}");
-    assert!(!stdout.contains("STARTED"), "{stdout}");
-    // One line from the hook, naming the container and the cause.
-    let refusal: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("hook prestart: container"))
-        .collect();
-    assert_eq!(refusal.len(), 1, "{stderr}");
-    assert!(
-        refusal[0].contains("no result within 2s") || refusal[0].contains("ld.so.conf"),
-        "{stderr}"
-    );
+    assert!(out.status.success(), "{stdout}{stderr}\n{}", e.log());
+    assert!(stdout.contains("STARTED"), "{stdout}");
     assert!(
         started.elapsed() < std::time::Duration::from_secs(30),
         "{:?}",
         started.elapsed()
     );
-    // The failed container left no state directory.
-    assert!(
-        e.state_entries().iter().all(|n| n.len() != 64),
-        "{:?}",
-        e.state_entries()
-    );
+    // The FIFO is still a FIFO: nothing opened it for writing or replaced it.
+    let ft = std::fs::symlink_metadata(e.rootfs.join("etc/ld.so.conf"))
+        .unwrap()
+        .file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&ft));
 }

@@ -8,5 +8,6 @@ pub mod caps;
 pub mod ldcache;
 pub mod mounts;
 pub mod safepath;
+pub mod sys;
 pub mod tmpfs;
 pub mod userns;

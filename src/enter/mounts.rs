@@ -120,6 +120,18 @@ pub struct Detached {
     tree: OwnedFd,
 }
 
+impl Detached {
+    /// A stand-in for tests of the order of operations ([`super::sys::RecordingNs`]): no
+    /// mount behind it.
+    pub fn stand_in(host_path: &str, is_dir: bool) -> std::io::Result<Detached> {
+        Ok(Detached {
+            host_path: host_path.to_string(),
+            is_dir,
+            tree: std::fs::File::open("/dev/null")?.into(),
+        })
+    }
+}
+
 /// Clone `host` (in the caller's mount namespace) into a detached bind mount with `attrs`.
 pub fn detach(host: &Path, attrs: Attrs) -> Result<Detached, MountError> {
     let shown = host.display().to_string();

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use super::HookError;
 use crate::enter::mounts::{Attrs, Detached};
 use crate::enter::safepath::{Node, Root};
+use crate::enter::sys::{LinuxNs, NsSys};
 use crate::plan::Plan;
 
 /// A validated device node to create in the container.
@@ -187,42 +188,40 @@ pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> 
 }
 
 /// The in-namespace step: device nodes and mounts inside `root`.
-pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError> {
+pub fn apply_in_root(sys: &dyn NsSys, root: &Root, p: Prepared, id: &str) -> Result<(), HookError> {
     // Modes are exact, not masked.
-    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    sys.clear_umask();
     for n in &p.nodes {
-        let fd = root.ensure(&n.path, Node::Device(n.kind, n.major, n.minor, n.mode))?;
+        let fd = sys.ensure(
+            root,
+            &n.path,
+            Node::Device(n.kind, n.major, n.minor, n.mode),
+        )?;
         if n.uid.is_some() || n.gid.is_some() {
-            nix::unistd::fchownat(
-                &fd,
-                "",
-                n.uid.map(nix::unistd::Uid::from_raw),
-                n.gid.map(nix::unistd::Gid::from_raw),
-                nix::fcntl::AtFlags::AT_EMPTY_PATH,
-            )
-            .map_err(|errno| HookError::Host {
-                path: n.path.clone(),
-                op: "chown device node",
-                errno,
-            })?;
+            sys.chown(&fd, n.uid, n.gid)
+                .map_err(|errno| HookError::Host {
+                    path: n.path.clone(),
+                    op: "chown device node",
+                    errno,
+                })?;
         }
         info!(container = id, path = %n.path, major = n.major, minor = n.minor, "device node created");
     }
     for (target, d) in p.mounts {
         let node = if d.is_dir { Node::Dir } else { Node::File };
-        let fd = root.ensure(&target, node)?;
+        let fd = sys.ensure(root, &target, node)?;
         let src = d.host_path.clone();
-        d.attach(&fd, &target)?;
+        sys.attach(d, &fd, &target)?;
         info!(container = id, source = %src, target = %target, "bind mount attached");
     }
     Ok(())
 }
 
 /// Refresh the container's ld cache (in its mount namespace, before pivot_root).
-fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
-    let o =
-        crate::enter::ldcache::update(rootfs, &l.folders, &crate::enter::ldcache::Libraries::Scan)
-            .map_err(|e| HookError::Ldcache(e.to_string()))?;
+fn run_ldcache(sys: &dyn NsSys, l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
+    let o = sys
+        .refresh_ldcache(rootfs, &l.folders)
+        .map_err(|e| HookError::Ldcache(e.to_string()))?;
     crate::enter::ldcache::log_outcome(id, rootfs, &l.folders, &o);
     Ok(())
 }
@@ -247,7 +246,7 @@ pub fn apply_in_namespace(
 ) -> Result<(), HookError> {
     let worker = crate::child::fork_with_deadline("namespace worker", deadline, |out| {
         // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
-        match child_body(ns, rootfs, p, id) {
+        match child_body(&LinuxNs, ns, rootfs, p, id) {
             Ok(()) => 0,
             Err(e) => {
                 let _ = std::io::Write::write_all(out, e.to_string().as_bytes());
@@ -275,24 +274,30 @@ pub fn apply_in_namespace(
     }
 }
 
-fn enter(ns: Namespace) -> Result<(), HookError> {
+fn enter(sys: &dyn NsSys, ns: Namespace) -> Result<(), HookError> {
     match ns {
-        Namespace::Join(fd) => {
-            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|errno| {
-                HookError::Host {
-                    path: "container mount namespace".into(),
-                    op: "setns",
-                    errno,
-                }
-            })
-        }
+        Namespace::Join(fd) => sys.setns_mnt(&fd).map_err(|errno| HookError::Host {
+            path: "container mount namespace".into(),
+            op: "setns",
+            errno,
+        }),
     }
 }
 
-fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
-    enter(ns)?;
-    crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HookError::Host {
+/// In the worker: join the container's mount namespace, keep only the in-namespace
+/// capabilities, refuse a rootfs whose mounts propagate elsewhere, take the container root's fs
+/// ids (user namespaces), then device nodes, mounts (parents first, as prepared) and the ld
+/// cache (with the ld cache capabilities only).
+fn child_body(
+    sys: &dyn NsSys,
+    ns: Namespace,
+    rootfs: &Path,
+    p: Prepared,
+    id: &str,
+) -> Result<(), HookError> {
+    enter(sys, ns)?;
+    sys.restrict_caps(crate::enter::caps::IN_NAMESPACE)?;
+    let mi = sys.mountinfo().map_err(|e| HookError::Host {
         path: "/proc/self/mountinfo".into(),
         op: "read",
         errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
@@ -307,23 +312,17 @@ fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(),
     if let Some((uid, gid)) = p.userns_root {
         // New inodes (mount targets, directories) belong to the container's root. The fs
         // capabilities leave the effective set with the change; none is needed from here.
-        // SAFETY: plain syscalls on this (single-threaded) process's credentials. They report
-        // no error: a second call returns the id now in force.
-        let (g, u) = unsafe {
-            libc::setfsgid(gid);
-            libc::setfsuid(uid);
-            (libc::setfsgid(gid) as u32, libc::setfsuid(uid) as u32)
-        };
-        if (u, g) != (uid, gid) {
+        if sys.set_fs_ids(uid, gid) != (uid, gid) {
             return Err(HookError::Namespace {
                 code: 2,
                 message: format!("cannot take the container root's ids {uid}:{gid}"),
             });
         }
     }
-    let root = Root::open(rootfs)?;
+    let root = sys.open_root(rootfs)?;
     let ldcache = p.ldcache;
     apply_in_root(
+        sys,
         &root,
         Prepared {
             nodes: p.nodes,
@@ -334,8 +333,8 @@ fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(),
         id,
     )?;
     if let Some(l) = ldcache {
-        crate::enter::caps::restrict(crate::enter::caps::LDCACHE)?;
-        run_ldcache(&l, rootfs, id)?;
+        sys.restrict_caps(crate::enter::caps::LDCACHE)?;
+        run_ldcache(sys, &l, rootfs, id)?;
     }
     Ok(())
 }
@@ -356,4 +355,141 @@ pub fn log_unapplied(plan: &Plan, id: &str) {
 }
 
 #[cfg(test)]
-mod tests {}
+mod tests {
+    use super::*;
+    use crate::enter::sys::{NsCall, RecordingNs};
+
+    fn ns() -> Namespace {
+        Namespace::Join(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    fn prepared(userns: Option<(u32, u32)>) -> Prepared {
+        Prepared {
+            nodes: vec![NodeSpec {
+                path: "/dev/nvidia1".into(),
+                kind: SFlag::S_IFCHR,
+                major: 195,
+                minor: 1,
+                mode: 0o666,
+                uid: Some(7),
+                gid: None,
+            }],
+            mounts: vec![
+                (
+                    "/usr/lib/gpufence".into(),
+                    Detached::stand_in("/host/lib/gpufence", true).unwrap(),
+                ),
+                (
+                    "/usr/lib/gpufence/libgpufence.so".into(),
+                    Detached::stand_in("/host/libgpufence.so", false).unwrap(),
+                ),
+            ],
+            ldcache: Some(LdcacheRun {
+                folders: vec!["/usr/lib64".into()],
+            }),
+            userns_root: userns,
+        }
+    }
+
+    #[test]
+    fn namespace_then_caps_then_nodes_then_mounts_then_ldcache() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("");
+        child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                NsCall::SetnsMnt,
+                NsCall::RestrictCaps(crate::enter::caps::IN_NAMESPACE.to_vec()),
+                NsCall::Mountinfo,
+                NsCall::OpenRoot(root.path().to_path_buf()),
+                NsCall::ClearUmask,
+                NsCall::Ensure {
+                    path: "/dev/nvidia1".into(),
+                    kind: "dev 195:1 666".into()
+                },
+                NsCall::Chown(Some(7), None),
+                NsCall::Ensure {
+                    path: "/usr/lib/gpufence".into(),
+                    kind: "dir".into()
+                },
+                NsCall::Attach {
+                    source: "/host/lib/gpufence".into(),
+                    target: "/usr/lib/gpufence".into()
+                },
+                NsCall::Ensure {
+                    path: "/usr/lib/gpufence/libgpufence.so".into(),
+                    kind: "file".into()
+                },
+                NsCall::Attach {
+                    source: "/host/libgpufence.so".into(),
+                    target: "/usr/lib/gpufence/libgpufence.so".into()
+                },
+                NsCall::RestrictCaps(crate::enter::caps::LDCACHE.to_vec()),
+                NsCall::RefreshLdcache(vec!["/usr/lib64".into()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn user_namespaced_container_takes_its_roots_ids_before_creating_anything() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("");
+        child_body(
+            &sys,
+            ns(),
+            root.path(),
+            prepared(Some((100000, 100000))),
+            "c1",
+        )
+        .unwrap();
+        let calls = sys.calls();
+        let ids = calls
+            .iter()
+            .position(|c| *c == NsCall::SetFsIds(100000, 100000))
+            .unwrap();
+        let first_create = calls
+            .iter()
+            .position(|c| matches!(c, NsCall::Ensure { .. }))
+            .unwrap();
+        assert!(ids < first_create, "{calls:?}");
+    }
+
+    #[test]
+    fn shared_mounts_under_the_rootfs_stop_before_anything_is_created() {
+        let root = tempfile::tempdir().unwrap();
+        let mi = format!(
+            "30 25 0:27 / {}/proc rw shared:5 - proc proc rw\n",
+            root.path().display()
+        );
+        let sys = RecordingNs::new(&mi);
+        let e = child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap_err();
+        assert!(e.to_string().contains("propagate"), "{e}");
+        assert!(
+            !sys.calls()
+                .iter()
+                .any(|c| matches!(c, NsCall::Ensure { .. } | NsCall::Attach { .. }))
+        );
+    }
+
+    #[test]
+    fn a_failed_setns_does_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("").failing(NsCall::SetnsMnt);
+        let e = child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap_err();
+        assert!(e.to_string().contains("setns"), "{e}");
+        assert_eq!(sys.calls(), vec![NsCall::SetnsMnt]);
+    }
+
+    #[test]
+    fn a_refused_mount_stops_the_ones_below_it() {
+        let root = tempfile::tempdir().unwrap();
+        let refused = NsCall::Attach {
+            source: "/host/lib/gpufence".into(),
+            target: "/usr/lib/gpufence".into(),
+        };
+        let sys = RecordingNs::new("").failing(refused.clone());
+        assert!(child_body(&sys, ns(), root.path(), prepared(None), "c1").is_err());
+        assert_eq!(sys.calls().last(), Some(&refused));
+    }
+}
