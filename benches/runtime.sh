@@ -35,37 +35,8 @@ cleanup() {
 trap cleanup EXIT
 
 # Simulated 8-GPU node, gpufence config pointing at it, inventory cache.
-mkdir -p "$S/node"
-SIM_CFG=$("$BIN_DIR/gpufence-sim" node --dir "$S/node" --gpus 8)
-CFG=$S/gpufence.toml
-python3 - "$SIM_CFG" "$CFG" "$S" "$BIN_DIR" "$RUNC" <<'EOF'
-import sys, re
-sim, out, s, bindir, runc = sys.argv[1:]
-text = open(sim).read()
-# Drop the keys we set (top-level and the [runtime]/[shim]/[log] tables are rewritten below).
-lines, skip = [], False
-for l in text.splitlines():
-    m = re.match(r'\s*\[([^\]]+)\]', l)
-    if m:
-        skip = m.group(1).strip() in ("runtime", "shim", "log")
-        if skip:
-            continue
-    if skip or re.match(r'\s*(state-dir|gpufence-binary)\s*=', l):
-        continue
-    lines.append(l)
-top, rest = [], []
-seen_table = False
-for l in lines:
-    if re.match(r'\s*\[', l):
-        seen_table = True
-    (rest if seen_table else top).append(l)
-top += [f'state-dir = "{s}/state"', f'gpufence-binary = "{bindir}/gpufence"']
-rest += ["[runtime]", f'path = "{runc}"', "[shim]", f'library = "{bindir}/libgpufence.so"',
-         "[log]", f'file = "{s}/gpufence.log"', 'level = "info"']
-open(out, "w").write("\n".join(top + rest) + "\n")
-EOF
+CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC")
 export GPUFENCE_CONFIG=$CFG
-"$BIN_DIR/gpufence" inventory >/dev/null
 
 # Bundle: static busybox running /bin/true, one GPU allocated.
 B=$S/bundle
