@@ -7,7 +7,10 @@
 # remains only for user-namespaced containers).
 #
 # Usage (root): benches/runtime.sh [RUNS]   (default 40; env BIN_DIR, default target/release
-# if built, else target/debug). Prints the medians, the ratio and the added milliseconds.
+# if built, else target/debug). Prints medians with interquartile ranges, the ratio, the added
+# milliseconds (create+start+delete, and create alone), and the gpufence create by phase
+# (GPUFENCE_PHASES lines: process start, config, bundle, log set-up, inventory, plan, decision
+# log line, spec edit, ld cache, host files, config.json write, exec + runc create, CPU time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-${RUNS:-40}}
@@ -32,37 +35,8 @@ cleanup() {
 trap cleanup EXIT
 
 # Simulated 8-GPU node, gpufence config pointing at it, inventory cache.
-mkdir -p "$S/node"
-SIM_CFG=$("$BIN_DIR/gpufence-sim" node --dir "$S/node" --gpus 8)
-CFG=$S/gpufence.toml
-python3 - "$SIM_CFG" "$CFG" "$S" "$BIN_DIR" "$RUNC" <<'EOF'
-import sys, re
-sim, out, s, bindir, runc = sys.argv[1:]
-text = open(sim).read()
-# Drop the keys we set (top-level and the [runtime]/[shim]/[log] tables are rewritten below).
-lines, skip = [], False
-for l in text.splitlines():
-    m = re.match(r'\s*\[([^\]]+)\]', l)
-    if m:
-        skip = m.group(1).strip() in ("runtime", "shim", "log")
-        if skip:
-            continue
-    if skip or re.match(r'\s*(state-dir|gpufence-binary)\s*=', l):
-        continue
-    lines.append(l)
-top, rest = [], []
-seen_table = False
-for l in lines:
-    if re.match(r'\s*\[', l):
-        seen_table = True
-    (rest if seen_table else top).append(l)
-top += [f'state-dir = "{s}/state"', f'gpufence-binary = "{bindir}/gpufence"']
-rest += ["[runtime]", f'path = "{runc}"', "[shim]", f'library = "{bindir}/libgpufence.so"',
-         "[log]", f'file = "{s}/gpufence.log"', 'level = "info"']
-open(out, "w").write("\n".join(top + rest) + "\n")
-EOF
+CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC")
 export GPUFENCE_CONFIG=$CFG
-"$BIN_DIR/gpufence" inventory >/dev/null
 
 # Bundle: static busybox running /bin/true, one GPU allocated.
 B=$S/bundle
@@ -83,14 +57,15 @@ json.dump(s, open(p, "w"), indent=1)
 EOF
 cp "$B/config.json" "$S/config.pristine.json"
 
-one() { # $1 = runtime binary, $2 = state root, $3 = id; prints elapsed seconds
-  local t0 t1
+one() { # $1 = runtime binary, $2 = state root, $3 = id; prints "id t0 t_created t_deleted" (seconds)
+  local t0 t1 t2
   t0=$EPOCHREALTIME
   "$1" --root "$2" create --bundle "$B" "$3" </dev/null >/dev/null 2>"$S/err" || { cat "$S/err" >&2; return 1; }
+  t1=$EPOCHREALTIME
   "$1" --root "$2" start "$3" >/dev/null 2>>"$S/err" || { cat "$S/err" >&2; return 1; }
   "$1" --root "$2" delete --force "$3" >/dev/null 2>>"$S/err" || { cat "$S/err" >&2; return 1; }
-  t1=$EPOCHREALTIME
-  echo "$t0 $t1" | awk '{printf "%.6f\n", $2 - $1}'
+  t2=$EPOCHREALTIME
+  echo "$3 $t0 $t1 $t2"
 }
 
 # Warm-up (page cache, binaries).
@@ -105,11 +80,14 @@ mv "$S/state-edited-src" "$S/state/edited-src"
 cp "$S/config.pristine.json" "$B/config.json"; one "$RUNC" "$ROOT_RUNC" warm-runc >/dev/null
 
 : >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"
+# One line per timed gpufence create (GPUFENCE_PHASES, src/runtime/phases.rs: only a path inside
+# state-dir is accepted); a binary without it writes none and the phase table is skipped.
+PHASES=$S/state/phases.txt; : >"$PHASES"
 for i in $(seq 1 "$RUNS"); do
   cp "$S/config.pristine.json" "$B/config.json"
   one "$RUNC" "$ROOT_RUNC" "runc-$i" >>"$S/runc.txt"
   cp "$S/config.pristine.json" "$B/config.json"
-  one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" >>"$S/gf.txt"
+  GPUFENCE_PHASES=$PHASES one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" >>"$S/gf.txt"
   # Breakdown: plain runc on the spec gpufence-runtime produced (devices, mounts).
   cp "$S/config.edited.json" "$B/config.json"
   one "$RUNC" "$ROOT_RUNC" "edited-$i" >>"$S/edited.txt"
@@ -120,12 +98,58 @@ one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-last" >/dev/null
 grep -q '"/dev/nvidia1"' "$B/config.json" || { echo "runtime bench: gpufence did not edit config.json" >&2; exit 1; }
 [ ! -e "$S/state/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
-median() { sort -g "$1" | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.6f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-M_RUNC=$(median "$S/runc.txt"); M_GF=$(median "$S/gf.txt"); M_ED=$(median "$S/edited.txt")
-awk -v r="$M_RUNC" -v g="$M_GF" -v e="$M_ED" -v n="$RUNS" -v bin="$BIN_DIR" 'BEGIN {
-  printf "runtime bench: create+start+delete, %d alternating runs each, 8-GPU simulated node, 1 GPU allocated (%s)\n", n, bin
-  printf "  plain runc        median %.2f ms\n", r * 1000
-  printf "  gpufence-runtime  median %.2f ms\n", g * 1000
-  printf "  ratio %.3f, added %.2f ms (aim: ratio <= 1.15)\n", g / r, (g - r) * 1000
-  printf "  breakdown: runc on the edited spec median %.2f ms -> enforcement inside runc (devices, mounts) %.2f ms, gpufence-runtime itself incl. ld cache refresh %.2f ms\n", e * 1000, (e - r) * 1000, (g - e) * 1000
-}'
+python3 - "$S" "$RUNS" "$BIN_DIR" <<'EOF'
+import sys, statistics as st
+s, runs, bindir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def load(name):
+    rows = {}
+    for l in open(f"{s}/{name}.txt"):
+        i, t0, t1, t2 = l.split()
+        rows[i] = (float(t0), float(t1), float(t2))
+    return rows
+med = st.median
+def spread(xs):
+    q = st.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return f"IQR {q[0]:.2f}-{q[2]:.2f}"
+runc, gf, ed = load("runc"), load("gf"), load("edited")
+ms = lambda rows, f: [f(v) * 1000 for v in rows.values()]
+total = lambda v: v[2] - v[0]
+create = lambda v: v[1] - v[0]
+print(f"runtime bench: {runs} interleaved runs per arm, 8-GPU simulated node, 1 GPU allocated ({bindir})")
+print("  create+start+delete, median ms (interquartile range):")
+for name, rows in (("plain runc", runc), ("gpufence-runtime", gf), ("runc on gpufence's spec", ed)):
+    xs = ms(rows, total)
+    print(f"    {name:26s} {med(xs):7.2f}  ({spread(xs)})")
+r, g, e = med(ms(runc, total)), med(ms(gf, total)), med(ms(ed, total))
+print(f"    ratio {g / r:.3f}, added {g - r:.2f} ms (aim: ratio <= 1.10); enforcement inside runc (devices, mounts) {e - r:.2f} ms, the wrapper itself {g - e:.2f} ms")
+# Per-run pairing (runc-i and gf-i run back to back) holds up better under load than two medians.
+pairs = [(total(gf[f"gf-{i}"]) - total(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+print(f"    paired difference gf-i - runc-i: median {med(pairs):.2f} ms ({spread(pairs)})")
+print("  create alone, median ms (interquartile range):")
+cr, cg, ce = ms(runc, create), ms(gf, create), ms(ed, create)
+for name, xs in (("plain runc create", cr), ("gpufence-runtime create", cg), ("runc create, gpufence's spec", ce)):
+    print(f"    {name:29s} {med(xs):7.2f}  ({spread(xs)})")
+pc = [(create(gf[f"gf-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+print(f"    added {med(cg) - med(cr):.2f} ms (paired median {med(pc):.2f} ms, {spread(pc)}; aim <= +5 ms)")
+# The gpufence create by phase (GPUFENCE_PHASES lines, src/runtime/phases.rs).
+ph = {}
+for l in open(f"{s}/state/phases.txt"):
+    f = dict(w.split("=", 1) for w in l.split()[1:])
+    ph[f["id"]] = f
+cols = {}
+for i, v in gf.items():
+    f = ph.get(i)
+    if f is None:
+        continue
+    row = {"process start": int(f["main_at"]) / 1000 - v[0] * 1000}
+    row.update({k: int(x) / 1000 for k, x in f.items() if k not in ("id", "main_at", "exec_at", "cpu")})
+    row["exec + runc create"] = v[1] * 1000 - int(f["exec_at"]) / 1000
+    row["wrapper CPU (user+sys)"] = int(f["cpu"]) / 1000
+    for k, x in row.items():
+        cols.setdefault(k, []).append(x)
+if not cols:
+    sys.exit(print("  (no GPUFENCE_PHASES lines: binary without phase timing)"))
+print(f"  gpufence create by phase, median ms (interquartile range), {len(cols['process start'])} runs:")
+for k, xs in cols.items():
+    print(f"    {k:24s} {med(xs):7.3f}  ({spread(xs)})")
+EOF

@@ -24,6 +24,7 @@ pub mod args;
 pub mod cli;
 pub mod configure;
 pub mod ldcache;
+pub mod phases;
 pub mod runclog;
 pub mod unconfigure;
 pub mod vulnerable;
@@ -36,14 +37,18 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
     let parsed = args::parse(rest);
 
     if parsed.is_create() {
+        let mut phases = phases::Phases::start();
         let cfg = match Config::load(None) {
             Ok(c) => c,
             Err(e) => return Err(report(&parsed, Exit::invalid(e))),
         };
-        if let Err(e) = prepare_create(&parsed, &cfg) {
+        if let Err(e) = prepare_create(&parsed, &cfg, &mut phases) {
             return Err(report(&parsed, e));
         }
         let rt = real_runtime(&cfg).map_err(|e| report(&parsed, e))?;
+        if let Some(p) = &phases {
+            p.write(parsed.container_id.as_deref().unwrap_or(""), &cfg.state_dir);
+        }
         return Err(exec(&rt, rest));
     }
 
@@ -77,7 +82,17 @@ fn report(parsed: &args::RuncArgs, e: Exit) -> Exit {
 }
 
 /// Plan and apply for `create`/`run`: everything before the exec. Writes nothing when it fails.
-fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
+fn prepare_create(
+    parsed: &args::RuncArgs,
+    cfg: &Config,
+    phases: &mut Option<phases::Phases>,
+) -> Result<(), Exit> {
+    let mut mark = |name| {
+        if let Some(p) = phases.as_mut() {
+            p.mark(name)
+        }
+    };
+    mark("config");
     let id = parsed
         .container_id
         .as_deref()
@@ -102,15 +117,23 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         .map_err(|e| Exit::invalid(format!("{}: {e}", config_path.display())))?;
     let spec: serde_json::Value = serde_json::from_slice(&original)
         .map_err(|e| Exit::invalid(format!("{}: {e}", config_path.display())))?;
+    mark("bundle");
 
     crate::logging::init(cfg);
+    mark("log");
+    let mut inventory_us = None;
     let intake = crate::plan::intake::intake(
         cfg,
         &spec,
         id,
         // The cache under `state-dir`; NVML is initialised only when the cache is missing or the
         // node changed (and the result is cached).
-        |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+        |cfg| {
+            let t = std::time::Instant::now();
+            let r = crate::inventory::load(cfg).map_err(|e| e.to_string());
+            inventory_us = Some(t.elapsed().as_micros());
+            r
+        },
         &CdiSource::default(),
         None,
     )
@@ -118,27 +141,41 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         IntakeError::Allocation { .. } => Exit::invalid(e),
         IntakeError::Inventory { .. } | IntakeError::Mps { .. } => Exit::env(e),
     })?;
+    if let (Some(p), Some(us)) = (phases.as_mut(), inventory_us) {
+        p.split("inventory", us);
+    }
+    let mut mark = |name| {
+        if let Some(p) = phases.as_mut() {
+            p.mark(name)
+        }
+    };
     if intake.sandbox.is_some() {
         return Ok(());
     }
     let mut plan = intake.plan;
+    mark("plan");
     log_decision(id, &plan);
+    mark("logline");
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
     let refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
     let mut edited = spec.clone();
     apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
+    mark("apply");
     if let Some(r) = refresh {
         r.run(id)?;
     }
+    mark("ldcache");
     crate::hostfiles::write_host_files(cfg, id, &plan)
         .map_err(|e| Exit::new(e.code(), e.to_string()))?;
+    mark("hostfiles");
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
         crate::hostfiles::replace_keeping_mode(&config_path, &bytes)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
+    mark("spec");
     Ok(())
 }
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Times whole pod starts through CRI: RunPodSandbox + CreateContainer + StartContainer, for the
+handlers given, interleaved, one pod at a time (stopped and removed outside the timed region).
+
+Usage: pod_timer.py SOCKET RUNS IMAGE HANDLER[=ANNOTATIONS_JSON] ...
+Prints one line per handler: name, median ms, interquartile range, runs.
+Needs PyPI container-runtime-interface-api (cri_api) and grpcio (make deps: target/venv).
+"""
+import json
+import statistics as st
+import sys
+import time
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pbg
+
+
+def pod(rt, handler, ann, image, name):
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
+        annotations=ann,
+        linux=pb.LinuxPodSandboxConfig(
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+        ),
+    )
+    ctr = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="app", attempt=0),
+        image=pb.ImageSpec(image=image),
+        command=["/bin/sleep", "60"],
+    )
+    t0 = time.perf_counter()
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg, runtime_handler=handler), timeout=60).pod_sandbox_id
+    try:
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=ctr, sandbox_config=cfg), timeout=60
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+        return (time.perf_counter() - t0) * 1000
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+
+
+def main():
+    sock, runs, image = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    arms = []
+    for a in sys.argv[4:]:
+        h, _, j = a.partition("=")
+        arms.append((a, h, json.loads(j) if j else {}))
+    rt = pbg.RuntimeServiceStub(grpc.insecure_channel("unix://" + sock))
+    times = {a: [] for a, _, _ in arms}
+    for i in range(-1, runs):  # one warm-up round
+        for a, h, ann in arms:
+            t = pod(rt, h, ann, image, f"bench-{h}-{i + 1}")
+            if i >= 0:
+                times[a].append(t)
+    for a, _, _ in arms:
+        xs = times[a]
+        q = st.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+        print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods)")
+
+
+if __name__ == "__main__":
+    main()
