@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod timeline;
+
 pub const ENV: &str = "GPUFENCE_MOCK_NODE";
 pub const FILE_NAME: &str = "gpufence-mock-node.json";
 
@@ -25,6 +27,10 @@ pub struct Node {
     /// Root under which `/dev/nvidia*` are checked for visibility (default `/`).
     #[serde(default)]
     pub dev_root: Option<String>,
+    /// The node-wide device timeline file (see [`timeline`]); where it does not exist (inside a
+    /// container) the one beside the node file is used.
+    #[serde(default)]
+    pub timeline: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -108,6 +114,15 @@ fn library_dir(anchor: *const libc::c_void) -> Option<PathBuf> {
     let name = unsafe { CStr::from_ptr(info.dli_fname) };
     let path = PathBuf::from(name.to_str().ok()?);
     path.parent().map(Path::to_path_buf)
+}
+
+/// The node description and the timeline file that goes with it.
+pub fn load_with_timeline(anchor: *const libc::c_void) -> Result<(Node, PathBuf), String> {
+    let path = locate(anchor).ok_or_else(|| format!("no {ENV} and no {FILE_NAME} found"))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let node = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = timeline::path_for(&path, node.timeline.as_deref());
+    Ok((node, t))
 }
 
 /// Load and parse the node file.
