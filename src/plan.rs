@@ -257,6 +257,10 @@ pub fn plan(
                 edits.env.push(format!("GPUFENCE_CORES_{i}={c}"));
             }
         }
+        if alloc.devices.iter().any(|d| d.cores.is_some()) {
+            let policy = if alloc.cores_burst { "burst" } else { "hard" };
+            edits.env.push(format!("GPUFENCE_CORES_POLICY={policy}"));
+        }
         if alloc.oversubscribe {
             edits.env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
         }
@@ -310,6 +314,7 @@ pub fn plan(
                     cores: d.cores,
                 })
                 .collect(),
+            cores_burst: alloc.cores_burst,
         };
         plan.host_files.push(HostFile {
             path: quota_host,

@@ -62,6 +62,9 @@ pub struct Allocation {
     pub capabilities: Vec<Capability>,
     /// Devices of other CDI kinds.
     pub foreign_cdi: Vec<ForeignCdiDevice>,
+    /// `gpufence.dev/cores-policy: burst`: compute shares may use idle GPU time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cores_burst: bool,
 }
 
 /// Why an allocation is refused: one line naming the input key, its value and why.
@@ -107,6 +110,7 @@ impl AllocationError {
     }
 }
 
+pub mod compute;
 pub mod devices;
 pub mod dialects;
 pub mod input;
@@ -205,6 +209,7 @@ pub fn read(
     }
     let memory = agree(&parts, &devices, |p| p.memory.as_ref())?;
     let cores = agree(&parts, &devices, |p| p.cores.as_ref())?;
+    let cores_burst = compute::cores_policy(&inputs, &devices, &cores)?;
     let mut oversubscribe: Option<(Dialect, &Facet<bool>)> = None;
     for p in &parts {
         let Some(o) = &p.oversubscribe else { continue };
@@ -291,6 +296,7 @@ pub fn read(
         oversubscribe,
         capabilities,
         foreign_cdi: foreign,
+        cores_burst,
     });
     Ok(intake)
 }
