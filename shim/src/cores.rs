@@ -430,7 +430,7 @@ fn admit_limited(cfg: &'static Config, key: u64, stream: usize, ptsz: bool) -> O
     } else {
         share.clamp(1, 100)
     };
-    if cost != UNKNOWN && cost > 0 {
+    if cost != UNKNOWN {
         let inc = cost.saturating_mul(100) / share as u64;
         let credit = CREDIT_NS.saturating_mul(100) / share as u64;
         let mut cur = d.tat.load(Ordering::Acquire);
