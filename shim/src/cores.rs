@@ -64,6 +64,8 @@ struct Section {
 }
 
 const SECTION_SIZE: usize = std::mem::size_of::<Section>();
+// the memory accounting region must end before the compute section starts
+const _: () = assert!(crate::region::SIZE as i64 <= OFFSET);
 
 /// 0 = not mapped yet, 1 = unusable, else the mapping.
 static SECTION: AtomicUsize = AtomicUsize::new(0);
@@ -124,7 +126,7 @@ fn map_file(cfg: &Config) -> Option<*mut c_void> {
         let end = OFFSET + SECTION_SIZE as i64;
         let ok = libc::fstat(fd, &mut st) == 0
             && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
-            && (st.st_size >= end || libc::ftruncate(fd, end) == 0);
+            && (st.st_size >= end || crate::region::grow_to(fd, OFFSET, SECTION_SIZE as i64));
         let p = if ok {
             libc::mmap(
                 std::ptr::null_mut(),
