@@ -51,6 +51,7 @@ macro_rules! launch_kernel {
         ) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
+                // SAFETY: see the enclosing function: pointers come from the caller.
                 paced(f as usize, stream, $ptsz, || unsafe {
                     real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
                 })
@@ -78,6 +79,7 @@ macro_rules! launch_cooperative {
         ) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
+                // SAFETY: see the enclosing function: pointers come from the caller.
                 paced(f as usize, stream, $ptsz, || unsafe {
                     real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
                 })
@@ -109,10 +111,12 @@ macro_rules! launch_ex {
             guard(|| {
                 let real = real_or!($name);
                 if config.is_null() {
+                    // SAFETY: the caller's arguments, unchanged, to the driver's own function.
                     return unsafe { real(config, f, params, extra) };
                 }
                 // SAFETY: the caller's CUlaunchConfig (checked non-null).
                 let stream = unsafe { (*config.cast::<LaunchConfigHead>()).stream };
+                // SAFETY: see the enclosing function: pointers come from the caller.
                 paced(f as usize, stream, $ptsz, || unsafe {
                     real(config, f, params, extra)
                 })
@@ -130,6 +134,7 @@ macro_rules! graph_launch {
         pub unsafe extern "C" fn $name(exec: usize, stream: usize) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
+                // SAFETY: the caller's arguments, unchanged, to the driver's own function.
                 paced(exec, stream, $ptsz, || unsafe { real(exec, stream) })
             })
         }
@@ -144,6 +149,7 @@ macro_rules! begin_capture {
         pub unsafe extern "C" fn $name(stream: usize $(, $mode: c_int)?) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
+                // SAFETY: the caller's arguments, unchanged, to the driver's own function.
                 let r = unsafe { real(stream $(, $mode)?) };
                 if r == CUDA_SUCCESS {
                     cores::capture_begun();
@@ -164,6 +170,7 @@ macro_rules! end_capture {
         pub unsafe extern "C" fn $name(stream: usize, graph: *mut usize) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
+                // SAFETY: the caller's arguments, unchanged, to the driver's own function.
                 let r = unsafe { real(stream, graph) };
                 if r == CUDA_SUCCESS {
                     cores::capture_ended();

@@ -200,6 +200,7 @@ fn log_decision(id: &str, plan: &Plan) {
                 dialects = ?dialects,
                 devices = ?devices,
                 quotas = ?quotas,
+                cores_burst = a.cores_burst,
                 oversubscribe = a.oversubscribe,
                 device_nodes = plan.edits.device_nodes.len(),
                 mounts = plan.edits.mounts.len(),

@@ -205,6 +205,7 @@ unsafe fn new_module(out: *mut usize) -> CUresult {
         if let Err(e) = state() {
             return e;
         }
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(out, new_handle()) }
     })
 }
@@ -214,6 +215,7 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut usize, image: *const c_void) -
     if image.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { new_module(m) }
 }
 
@@ -225,6 +227,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     _opts: *mut c_int,
     _vals: *mut *mut c_void,
 ) -> CUresult {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { cuModuleLoadData(m, image) }
 }
 
@@ -240,6 +243,7 @@ pub unsafe extern "C" fn cuModuleLoad(m: *mut usize, fname: *const c_char) -> CU
     if std::fs::metadata(&path).is_err() {
         return CUDA_ERROR_FILE_NOT_FOUND;
     }
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { new_module(m) }
 }
 
@@ -259,6 +263,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             return e;
         }
         match new_kernel(name) {
+            // SAFETY: the caller's out-pointer (put refuses NULL).
             Ok(h) => unsafe { put(f, h) },
             Err(e) => e,
         }
@@ -276,6 +281,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lv: *mut *mut c_void,
     _nl: c_uint,
 ) -> CUresult {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { cuModuleLoadData(lib, code) }
 }
 
@@ -290,6 +296,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lv: *mut *mut c_void,
     _nl: c_uint,
 ) -> CUresult {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { cuModuleLoad(lib, fname) }
 }
 
@@ -304,6 +311,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     lib: usize,
     name: *const c_char,
 ) -> CUresult {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { cuModuleGetFunction(k, lib, name) }
 }
 
@@ -311,6 +319,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut usize, k: usize) -> CUresult {
     guard(|| match kernel_ns(k as *mut c_void) {
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         Ok(_) => unsafe { put(f, k) },
         Err(e) => e,
     })
@@ -419,6 +428,7 @@ pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, _flags: c_uint) -> CUresu
                 capture: None,
             },
         );
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(s, h) }
     })
 }
@@ -429,6 +439,7 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     flags: c_uint,
     _prio: c_int,
 ) -> CUresult {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { cuStreamCreate(s, flags) }
 }
 
@@ -519,6 +530,7 @@ pub unsafe extern "C" fn cuEventCreate(ev: *mut usize, _flags: c_uint) -> CUresu
         };
         let h = new_handle();
         lock(&e.events).insert(h, None);
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(ev, h) }
     })
 }
@@ -618,6 +630,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
         if a.max(b) > timeline::now_ns() {
             return CUDA_ERROR_NOT_READY;
         }
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(ms, ((b as f64 - a as f64) / 1e6) as c_float) }
     })
 }
@@ -668,6 +681,7 @@ fn end_capture(s: usize, ptsz: bool, graph: *mut usize) -> CUresult {
             Ok(h)
         });
         match r {
+            // SAFETY: the caller's out-pointer (put refuses NULL).
             Ok(h) => unsafe { put(graph, h) },
             Err(e) => e,
         }
@@ -687,6 +701,7 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: usize, graph: *mut usize) ->
 fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
     guard(
         || match with_stream(s, ptsz, |_, st| Ok(st.capture.is_some())) {
+            // SAFETY: the caller's out-pointer (put refuses NULL).
             Ok(c) => unsafe { put(status, c_int::from(c)) },
             Err(e) => e,
         },
@@ -728,6 +743,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         };
         let h = new_handle();
         lock(&e.graphs).insert(h, k);
+        // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(exec_out, h) }
     })
 }

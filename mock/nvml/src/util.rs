@@ -169,6 +169,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
+    // SAFETY: the caller's pointers, passed on unchanged.
     unsafe { nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos) }
 }
 
