@@ -22,7 +22,8 @@
 //! **Burst.** With `cores-policy=burst` the share is 100 % while nobody else uses the GPU. Every
 //! [`CHECK_NS`] one process of the container compares NVML's device utilisation with the
 //! container's own device time over the same 200 ms; when others used 10 % or more, the
-//! container is held to its share for the next [`CONTENDED_NS`]. From first contention to
+//! container is held to its share for the next [`CONTENDED_NS`] (also when NVML cannot say).
+//! From first contention to
 //! share: one check period + NVML's sample period, well under a second.
 //!
 //! State lives in its own section of the container's accounting file (at [`OFFSET`], after the
@@ -468,7 +469,8 @@ fn contended(cfg: &Config, idx: usize, d: &Dev, now: u64) -> bool {
             .get(idx)
             .and_then(|e| nvml_utilization(&e.uuid_text))
             .map(|total| total as i64 - own_percent(d, now) as i64);
-        if others.is_some_and(|o| o >= 10) {
+        // fail closed: without NVML's word that the GPU is otherwise idle, hold to the share
+        if others.is_none_or(|o| o >= 10) {
             d.contended_until
                 .store(now + CONTENDED_NS, Ordering::Release);
         }
