@@ -36,8 +36,9 @@ use crate::real;
 use crate::region::MAX_DEVICES;
 use crate::state::{self, Config};
 
-/// Byte offset of the compute section in the accounting file (beyond any memory region).
-pub const OFFSET: i64 = 4 << 20;
+/// Byte offset of the compute section in the accounting file: after the memory region (checked
+/// at compile time) and small enough that both fit the 1 MiB tmpfs main mounts at /run/gpufence.
+pub const OFFSET: i64 = 768 << 10;
 const MAGIC: u64 = 0x6366_636f_7265_7331; // "cfcores1"
 /// Device time a container may run ahead after being idle or delayed.
 pub const CREDIT_NS: u64 = 20_000_000;
