@@ -1,5 +1,6 @@
 # gpufence — two entry points that do all the set-up on a fresh Debian 12 / Ubuntu machine (as root):
-#   make demo   build, simulate a 4-GPU node, print inventory + CDI spec, run a podman container on GPU 1
+#   make demo   build, simulate a 4-GPU node, print inventory + CDI spec, run a podman container on GPU 1,
+#               two containers sharing GPU 2 at 30 % and 70 %
 #   make test   the whole test suite (unit, property, fuzz-bounded, end-to-end with runc/podman/containerd)
 #   make fuzz   coverage-guided fuzzing (cargo-fuzz) of every untrusted-input parser, FUZZ_SECONDS each
 #   make image  the installer OCI image (umoci, from scratch) in $(IMAGE_DIR)/oci, tagged with the version

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: a simulated 4-GPU node, its inventory and CDI spec, and a real
 # container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only;
-# then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, and
-# an image-env grab neutralised.
+# then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, an
+# image-env grab neutralised, and two containers sharing one GPU's time at 30 % and 70 %.
 set -euo pipefail
 
 if [ "${1:-}" = "--clean" ]; then
@@ -154,4 +154,37 @@ rm -f "$cp_file"
 pod_bundle env-pod 7d1e-train-uid main \
   "[\"NVIDIA_VISIBLE_DEVICES=$gpu1\", \"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\", \"CUDA_DEVICE_SM_LIMIT=30\"]" "{}"
 GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/env-pod" env-pod || echo "(exit $?)"
+
+say "9. compute shares: two containers on GPU 2 at gpufence.dev/cores 30 % and 70 %"
+# The client spins gpufence_spin_1000us kernels (device time on the simulated GPU's node-wide
+# timeline) for 5 s, reaching the driver like libcudart, and reports the share of the GPU its
+# kernels got after the first second.
+gcc -O2 -o "$dir/cuda_client" "$(dirname "$0")/../tests/fixtures/cuda_client.c" -ldl
+for share in 30 70; do
+  r="$dir/rootfs-$share"; b="$dir/bundle-$share"
+  rm -rf "$r" "$b"; cp -a "$rootfs" "$r"; mkdir -p "$r/usr/local/bin" "$b"
+  cp "$dir/cuda_client" "$r/usr/local/bin/"
+  ( cd "$b" && runc spec )
+  python3 - "$b/config.json" "$r" "$share" <<'PY'
+import json, sys
+p, rootfs, share = sys.argv[1:]
+s = json.load(open(p))
+s["process"]["terminal"] = False
+s["process"]["args"] = ["/bin/sh", "-c",
+  "/usr/local/bin/cuda_client proc spin 1000 5 1 plain | while read w how k dev win pct; do"
+  f" echo \"container asking {share} %: its kernels got $pct % of GPU 2 ($k kernels of 1 ms in"
+  " $((win / 1000000)) ms)\"; done"]
+s["root"] = {"path": rootfs, "readonly": False}
+s["annotations"] = {"gpufence.dev/devices": "2", "gpufence.dev/cores": share}
+json.dump(s, open(p, "w"), indent=2)
+PY
+done
+for share in 30 70; do
+  GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/bundle-$share" "gpufence-demo-$share" &
+done
+wait
+for share in 30 70; do
+  GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete "gpufence-demo-$share" 2>/dev/null || true
+done
+
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"

@@ -239,6 +239,7 @@ mod tests {
         let quota = crate::quota::Quota {
             oversubscribe: false,
             devices: vec![],
+            cores_burst: false,
         };
         let plan = Plan {
             state_dir: Some(own.display().to_string()),

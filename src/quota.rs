@@ -10,7 +10,10 @@
 //! device.0.uuid=GPU-2f5d…
 //! device.0.memory=4294967296
 //! device.0.cores=50
+//! cores-policy=burst
 //! ```
+//! `cores-policy` (`hard`, the default when absent, or `burst`) applies to every device with
+//! `cores`.
 //! `device.<i>` is the container's CUDA ordinal; the shim matches devices by UUID first and falls
 //! back to the ordinal.
 
@@ -34,6 +37,9 @@ pub struct DeviceQuota {
 pub struct Quota {
     pub oversubscribe: bool,
     pub devices: Vec<DeviceQuota>,
+    /// `cores-policy=burst`: a device's compute share may use idle GPU time (work-conserving).
+    #[serde(default)]
+    pub cores_burst: bool,
 }
 
 impl Quota {
@@ -56,6 +62,9 @@ impl Quota {
             if let Some(c) = d.cores {
                 s.push_str(&format!("device.{i}.cores={c}\n"));
             }
+        }
+        if self.cores_burst {
+            s.push_str("cores-policy=burst\n");
         }
         s
     }
@@ -82,6 +91,13 @@ impl Quota {
                     version_seen = true;
                 }
                 "oversubscribe" => q.oversubscribe = parse_bool(v).ok_or_else(bad)?,
+                "cores-policy" => {
+                    q.cores_burst = match v {
+                        "hard" => false,
+                        "burst" => true,
+                        _ => return Err(bad()),
+                    }
+                }
                 _ => {
                     let Some(rest) = k.strip_prefix("device.") else {
                         continue;
@@ -175,8 +191,15 @@ mod tests {
                     cores: None,
                 },
             ],
+            cores_burst: true,
         };
         assert_eq!(Quota::parse(&q.render()).unwrap(), q);
+        let hard = Quota {
+            cores_burst: false,
+            ..q
+        };
+        assert!(!hard.render().contains("cores-policy"));
+        assert_eq!(Quota::parse(&hard.render()).unwrap(), hard);
     }
 
     #[test]
@@ -186,5 +209,6 @@ mod tests {
         assert!(Quota::parse("version=1\ndevice.0.cores=0\n").is_err());
         assert!(Quota::parse("version=1\ndevice.99999.memory=1\n").is_err());
         assert!(Quota::parse("version=2\n").is_err());
+        assert!(Quota::parse("version=1\ncores-policy=soft\n").is_err());
     }
 }

@@ -16,7 +16,9 @@
 //! DIR/driver/usr/lib/x86_64-linux-gnu/     libnvidia-ml.so.<ver> (mock NVML) + .so.1 link,
 //!                                          libcuda.so.<ver> (mock CUDA) + .so.1 + .so links,
 //!                                          stand-in libraries of every capability,
-//!                                          gpufence-mock-node.json
+//!                                          gpufence-mock-node.json,
+//!                                          gpufence-mock-timeline (0666: the GPUs' device
+//!                                          timeline, node-wide state of the mock driver)
 //! DIR/driver/usr/bin/nvidia-smi            prints each GPU's memory through NVML (dlopen)
 //! DIR/driver/usr/bin/nvidia-cuda-mps-control  mock MPS control daemon and client (gpufence_mock_node::mps)
 //! DIR/driver/lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
@@ -387,8 +389,15 @@ pub fn build_node(dir: &Path, spec: &NodeSpec, art: &Artifacts) -> Result<PathBu
         write(&fw.join(f), format!("simulated GSP firmware {f} {v}\n"))?;
     }
 
-    // Node description, config, state.
-    let node = serde_json::to_string_pretty(&node_json(spec, &dir)).expect("json");
+    // Node description and the device timeline every process of the node shares.
+    // Created empty and world-writable; the first mock driver to map it sizes it.
+    let timeline = lib.join(crate::inventory::files::MOCK_TIMELINE_FILE);
+    write(&timeline, b"")?;
+    std::fs::set_permissions(&timeline, std::fs::Permissions::from_mode(0o666))
+        .map_err(io(&timeline))?;
+    let mut node = node_json(spec, &dir);
+    node["timeline"] = timeline.display().to_string().into();
+    let node = serde_json::to_string_pretty(&node).expect("json");
     write(&lib.join(gpufence_mock_node_file()), &node)?;
     write(&dir.join("node.json"), &node)?;
     let state = dir.join("state");

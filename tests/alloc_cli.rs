@@ -164,6 +164,45 @@ fn plan_cli_against_a_simulated_node() {
         "{err}"
     );
 
+    // A compute share on a MIG device: refused at plan time with one line.
+    let b = bundle(
+        &dir,
+        "ctr-mig-cores",
+        serde_json::json!({"gpufence.dev/devices": "1:0", "gpufence.dev/cores": "30"}),
+        &[],
+    );
+    let (code, out, err) = plan_cmd(&cfg, &b, &["--cdi-dir", nocdi_s]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("gpufence.dev/cores=\"30\"") && err.contains("already isolates compute"),
+        "{err}"
+    );
+    // The burst policy reaches the plan's env and quota.
+    let b = bundle(
+        &dir,
+        "ctr-burst",
+        serde_json::json!({"gpufence.dev/devices": "0", "gpufence.dev/cores": "30",
+                           "gpufence.dev/cores-policy": "burst"}),
+        &[],
+    );
+    let (code, out, err) = plan_cmd(&cfg, &b, &["--json", "--cdi-dir", nocdi_s]);
+    assert_eq!(code, 0, "{err}");
+    let p: gpufence::plan::Plan = serde_json::from_str(&out).unwrap();
+    assert!(p.quota.as_ref().unwrap().cores_burst, "{out}");
+    assert!(
+        p.edits
+            .env
+            .contains(&"GPUFENCE_CORES_POLICY=burst".to_string()),
+        "{out}"
+    );
+    assert!(
+        p.host_files
+            .iter()
+            .any(|f| f.contents.contains("cores-policy=burst")),
+        "{out}"
+    );
+
     // No allocation.
     let b = bundle(
         &dir,

@@ -51,10 +51,11 @@ fn value() -> impl Strategy<Value = String> {
     ]
 }
 
-const ANN_KEYS: [&str; 9] = [
+const ANN_KEYS: [&str; 10] = [
     "gpufence.dev/devices",
     "gpufence.dev/memory",
     "gpufence.dev/cores",
+    "gpufence.dev/cores-policy",
     "gpufence.dev/oversubscribe",
     "gpufence.dev/capabilities",
     "cdi.k8s.io/a",
@@ -85,6 +86,12 @@ fn shaped(key: &'static str) -> BoxedStrategy<String> {
         "gpufence.dev/devices" => devs.boxed(),
         "gpufence.dev/memory" => prop_oneof!["[1-9](Gi|Mi|G)", Just("10Gi".to_string())].boxed(),
         "gpufence.dev/cores" => (1u8..=100).prop_map(|c| c.to_string()).boxed(),
+        "gpufence.dev/cores-policy" => prop::sample::select(vec![
+            "hard".to_string(),
+            "burst".to_string(),
+            "soft".to_string(),
+        ])
+        .boxed(),
         "gpufence.dev/oversubscribe" => {
             prop::sample::select(vec!["true".to_string(), "false".to_string()]).boxed()
         }
@@ -227,7 +234,17 @@ proptest! {
         let list = devs.join(",");
         let mem = format!("{mem_gib}Gi");
         let cores = cores.to_string();
-        let s = spec(&[("gpufence.dev/devices", &list), ("gpufence.dev/memory", &mem), ("gpufence.dev/cores", &cores)], &["NVIDIA_VISIBLE_DEVICES=all"]);
+        let with_cores = spec(&[("gpufence.dev/devices", &list), ("gpufence.dev/memory", &mem), ("gpufence.dev/cores", &cores)], &["NVIDIA_VISIBLE_DEVICES=all"]);
+        let mig = devs.iter().any(|d| d.contains(':'));
+        let r = plan(&with_cores, "v", &inventory(), &config(), &[]);
+        if mig {
+            // a compute share on a MIG device is refused, naming the cores annotation
+            let e = r.unwrap_err().to_string();
+            prop_assert!(e.starts_with("gpufence.dev/cores=") && e.contains("MIG"), "{}", e);
+        } else {
+            check_invariants(&r.unwrap())?;
+        }
+        let s = spec(&[("gpufence.dev/devices", &list), ("gpufence.dev/memory", &mem)], &["NVIDIA_VISIBLE_DEVICES=all"]);
         let p = plan(&s, "v", &inventory(), &config(), &[]).unwrap();
         check_invariants(&p)?;
         let a = p.allocation.as_ref().unwrap();

@@ -143,6 +143,7 @@ fn full_plan_for_two_gpus() {
             "GPUFENCE_CORES_0=50".to_string(),
             format!("GPUFENCE_MEMORY_LIMIT_1={}", 2 * GIB),
             "GPUFENCE_CORES_1=50".to_string(),
+            "GPUFENCE_CORES_POLICY=hard".to_string(),
             "GPUFENCE_OVERSUBSCRIBE=1".to_string(),
         ]
     );

@@ -36,7 +36,24 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
             let f: Vec<&str> = l.split_whitespace().collect();
             let wrapped = !matches!(
                 f[1],
-                "cuInit" | "cuDeviceGet" | "cuDevicePrimaryCtxRetain" | "cuCtxSetCurrent"
+                "cuInit"
+                    | "cuDeviceGet"
+                    | "cuDevicePrimaryCtxRetain"
+                    | "cuCtxSetCurrent"
+                    | "cuModuleLoadData"
+                    | "cuModuleGetFunction"
+                    | "cuLibraryLoadData"
+                    | "cuLibraryGetKernel"
+                    | "cuStreamCreate"
+                    | "cuStreamSynchronize"
+                    | "cuStreamQuery"
+                    | "cuCtxSynchronize"
+                    | "cuEventCreate"
+                    | "cuEventRecord"
+                    | "cuEventQuery"
+                    | "cuEventSynchronize"
+                    | "cuEventElapsedTime"
+                    | "cuGraphInstantiateWithFlags"
             );
             if wrapped {
                 assert_eq!(f[2], "libgpufence.so", "{mode}: {l}");

@@ -1,4 +1,5 @@
-//! libgpufence.so — holds every process of a container to the container's GPU memory quota.
+//! libgpufence.so — holds every process of a container to the container's GPU memory quota and
+//! compute share.
 //!
 //! Preloaded into every process (`/etc/ld.so.preload` or `LD_PRELOAD`). Applications reach the
 //! driver three ways and all land here:
@@ -9,6 +10,9 @@
 //!   functions we wrap;
 //! - `cuGetProcAddress(_v2)`: wrapped; any returned driver function we wrap is swapped for ours,
 //!   including `cuGetProcAddress` itself.
+//!
+//! Kernel launches (every launch form, graph replays included) are paced to the container's
+//! compute share (`cores`): see `cores.rs`.
 //!
 //! Design rules: no constructor at all (everything is lazy, on the first CUDA/NVML call), no
 //! lock anywhere (atomics, publish-once pointers), no lock held across a driver call, no panic
@@ -21,7 +25,9 @@
 #[allow(dead_code)]
 mod quota;
 
+mod cores;
 mod elfsym;
+mod launch;
 mod nvml;
 mod real;
 mod region;
@@ -31,6 +37,7 @@ mod table;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use launch::*;
 use state::{Acct, Config};
 use table::Kind;
 
@@ -130,6 +137,7 @@ extern "C" fn atfork_child() {
     region::forget_process();
     table::forget();
     state::forget_process();
+    cores::forget_process();
 }
 
 fn register_atfork() {
@@ -644,49 +652,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch (forwarded; the place where a compute-share limiter would sit)
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: Ptr,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: usize,
-    params: *mut Ptr,
-    extra: *mut Ptr,
-) -> CUresult {
-    guard(|| {
-        let real = real_or!(cuLaunchKernel);
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: Ptr,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: usize,
-    params: *mut Ptr,
-    extra: *mut Ptr,
-) -> CUresult {
-    guard(|| {
-        let real = real_or!(cuLaunchKernel_ptsz);
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
 // The shim's exports by name, and by the real function they stand for
 
 macro_rules! hooks {
@@ -724,6 +689,18 @@ hooks!(
     cuDeviceTotalMem_v2,
     cuLaunchKernel,
     cuLaunchKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuStreamBeginCapture,
+    cuStreamBeginCapture_ptsz,
+    cuStreamBeginCapture_v2,
+    cuStreamBeginCapture_v2_ptsz,
+    cuStreamEndCapture,
+    cuStreamEndCapture_ptsz,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     nvmlDeviceGetMemoryInfo,

@@ -120,7 +120,7 @@ fn open_file(dir: &CStr) -> Option<&'static Region> {
             libc::close(fd);
             return None;
         }
-        if (st.st_size as u64) < SIZE as u64 && libc::ftruncate(fd, SIZE as libc::off_t) != 0 {
+        if (st.st_size as u64) < SIZE as u64 && !grow_to(fd, 0, SIZE as libc::off_t) {
             libc::close(fd);
             return None;
         }
@@ -153,6 +153,23 @@ fn open_file(dir: &CStr) -> Option<&'static Region> {
             return None;
         }
         Some(r)
+    }
+}
+
+/// Make the file at least `off + len` bytes long, never shorter: other sections of the file
+/// (the compute section beyond this region) may already have grown it, and a plain `ftruncate`
+/// racing with them would cut their mappings off.
+pub fn grow_to(fd: libc::c_int, off: libc::off_t, len: libc::off_t) -> bool {
+    // SAFETY: plain syscalls on an fd we own.
+    unsafe {
+        match libc::fallocate(fd, 0, off, len) {
+            0 => true,
+            _ => {
+                let mut st: libc::stat = std::mem::zeroed();
+                libc::fstat(fd, &mut st) == 0
+                    && (st.st_size >= off + len || libc::ftruncate(fd, off + len) == 0)
+            }
+        }
     }
 }
 

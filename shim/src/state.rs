@@ -21,6 +21,10 @@ pub struct Entry {
     pub uuid: Option<[u8; 16]>,
     /// bytes; `u64::MAX` = no memory limit
     pub limit: u64,
+    /// compute share in percent (None = no limit)
+    pub cores: Option<u8>,
+    /// `GPU-…` as written in the quota (NVML lookups of the burst policy)
+    pub uuid_text: String,
 }
 
 pub struct Config {
@@ -28,6 +32,12 @@ pub struct Config {
     pub entries: Vec<Entry>,
     pub region: &'static Region,
     pub backing: Backing,
+    /// compute shares may use idle GPU time (`cores-policy=burst`)
+    pub cores_burst: bool,
+    /// some device has a compute share
+    pub any_cores: bool,
+    /// the state directory (the compute section lives in its accounting file)
+    pub dir: CString,
 }
 
 const UNKNOWN: u8 = 0;
@@ -133,7 +143,8 @@ pub fn state_dir(fixed: bool) -> CString {
 fn load() -> Option<Config> {
     let fixed = in_gpufence_container();
     let dir = state_dir(fixed);
-    let (oversubscribe, entries) = quota_entries(&dir, fixed)?;
+    let (oversubscribe, cores_burst, entries) = quota_entries(&dir, fixed)?;
+    let any_cores = entries.iter().any(|e| e.cores.is_some());
     let opened = region::open(&dir);
     match opened {
         // Inside a gpufence container the region must be the container's shared one.
@@ -142,6 +153,9 @@ fn load() -> Option<Config> {
             entries,
             region,
             backing,
+            cores_burst,
+            any_cores,
+            dir,
         }),
         _ => {
             warn("cannot map the container's accounting region; refusing all device memory");
@@ -156,6 +170,9 @@ fn load() -> Option<Config> {
                     None => empty_region()?,
                 },
                 backing: Backing::Private,
+                cores_burst,
+                any_cores,
+                dir,
             })
         }
     }
@@ -168,12 +185,16 @@ fn empty_region() -> Option<&'static Region> {
 /// The quota: from the file when it exists; a file that exists but cannot be read or parsed
 /// fails closed (every device limited to 0), and so does a missing one inside a gpufence
 /// container (`fixed`); elsewhere env only without a file; None = no quota.
-fn quota_entries(dir: &CStr, fixed: bool) -> Option<(bool, Vec<Entry>)> {
+/// (oversubscribe, cores burst, devices)
+type Entries = (bool, bool, Vec<Entry>);
+
+fn quota_entries(dir: &CStr, fixed: bool) -> Option<Entries> {
     let path = format!("{}/quota", dir.to_string_lossy());
     match std::fs::read_to_string(&path) {
         Ok(text) => match Quota::parse(&text) {
             Ok(q) => Some((
                 q.oversubscribe,
+                q.cores_burst,
                 q.devices
                     .iter()
                     .take(region::MAX_DEVICES)
@@ -181,19 +202,21 @@ fn quota_entries(dir: &CStr, fixed: bool) -> Option<(bool, Vec<Entry>)> {
                         ordinal: d.ordinal,
                         uuid: parse_uuid(&d.uuid),
                         limit: d.memory.unwrap_or(u64::MAX),
+                        cores: d.cores,
+                        uuid_text: d.uuid.clone(),
                     })
                     .collect(),
             )),
             Err(e) => {
                 warn(&format!("{path}: {e}; refusing all device memory"));
-                Some((false, fail_closed()))
+                Some((false, false, fail_closed()))
             }
         },
         // A gpufence container always has its quota file: gone means tampered with.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !fixed => env_entries(),
         Err(e) => {
             warn(&format!("{path}: {e}; refusing all device memory"));
-            Some((false, fail_closed()))
+            Some((false, false, fail_closed()))
         }
     }
 }
@@ -204,17 +227,23 @@ fn fail_closed() -> Vec<Entry> {
             ordinal,
             uuid: None,
             limit: 0,
+            cores: None,
+            uuid_text: String::new(),
         })
         .collect()
 }
 
-fn env_entries() -> Option<(bool, Vec<Entry>)> {
-    let mut entries = Vec::new();
+fn env_entries() -> Option<Entries> {
+    let mut entries: Vec<Entry> = Vec::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
             continue;
         };
-        let Some(i) = k.strip_prefix("GPUFENCE_MEMORY_LIMIT_") else {
+        let (i, memory) = if let Some(i) = k.strip_prefix("GPUFENCE_MEMORY_LIMIT_") {
+            (i, true)
+        } else if let Some(i) = k.strip_prefix("GPUFENCE_CORES_") {
+            (i, false)
+        } else {
             continue;
         };
         let Ok(ordinal) = i.parse::<u32>() else {
@@ -223,25 +252,51 @@ fn env_entries() -> Option<(bool, Vec<Entry>)> {
         if ordinal as usize >= region::MAX_DEVICES {
             continue;
         }
-        // malformed value: fail closed on that device
-        let limit = v.trim().parse::<u64>().unwrap_or_else(|_| {
-            warn(&format!(
-                "{k}={v} is not a byte count; device {ordinal} gets no memory"
-            ));
-            0
-        });
-        entries.push(Entry {
-            ordinal,
-            uuid: None,
-            limit,
-        });
+        let pos = match entries.iter().position(|e| e.ordinal == ordinal) {
+            Some(p) => p,
+            None => {
+                entries.push(Entry {
+                    ordinal,
+                    uuid: None,
+                    limit: u64::MAX,
+                    cores: None,
+                    uuid_text: String::new(),
+                });
+                entries.len() - 1
+            }
+        };
+        let e = &mut entries[pos];
+        if memory {
+            // malformed value: fail closed on that device
+            e.limit = v.trim().parse::<u64>().unwrap_or_else(|_| {
+                warn(&format!(
+                    "{k}={v} is not a byte count; device {ordinal} gets no memory"
+                ));
+                0
+            });
+        } else {
+            // malformed value: the smallest share
+            e.cores = Some(
+                v.trim()
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|c| (1..=100).contains(c))
+                    .unwrap_or_else(|| {
+                        warn(&format!(
+                            "{k}={v} is not a percentage 1-100; device {ordinal} gets 1 %"
+                        ));
+                        1
+                    }),
+            );
+        }
     }
     if entries.is_empty() {
         return None;
     }
     entries.sort_by_key(|e| e.ordinal);
     let over = std::env::var("GPUFENCE_OVERSUBSCRIBE").is_ok_and(|v| v == "1" || v == "true");
-    Some((over, entries))
+    let burst = std::env::var("GPUFENCE_CORES_POLICY").is_ok_and(|v| v == "burst");
+    Some((over, burst, entries))
 }
 
 /// 16 bytes of `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` / `MIG-…` (None if not in that form).
@@ -328,17 +383,23 @@ fn map_ordinal(cfg: &Config, dev: c_int) -> Result<Option<usize>, ()> {
         return Err(());
     }
     let visible: Vec<Option<[u8; 16]>> = (0..n).map(uuid_of).collect();
+    let idx = entry_index(cfg, dev, &visible);
+    Ok(idx.filter(|i| cfg.entries[*i].limit != u64::MAX))
+}
+
+/// The entry with the device's UUID; else the entry with the same ordinal whose UUID names no
+/// device this process can see.
+fn entry_index(cfg: &Config, dev: c_int, visible: &[Option<[u8; 16]>]) -> Option<usize> {
     let own = visible.get(dev as usize).copied().flatten();
     let by_uuid = cfg
         .entries
         .iter()
         .position(|e| e.uuid.is_some() && e.uuid == own);
-    let idx = by_uuid.or_else(|| {
+    by_uuid.or_else(|| {
         cfg.entries.iter().position(|e| {
             e.ordinal == dev as u32 && e.uuid.is_none_or(|u| !visible.contains(&Some(u)))
         })
-    });
-    Ok(idx.filter(|i| cfg.entries[*i].limit != u64::MAX))
+    })
 }
 
 /// Quota entry for an NVML device (by UUID text, else NVML index).
@@ -357,11 +418,44 @@ pub fn entry_for_nvml(cfg: &Config, uuid: Option<&str>, index: Option<u32>) -> O
     (cfg.entries[idx].limit != u64::MAX).then(|| acct(cfg, idx))
 }
 
-/// Fork child: forget the ordinal map (atomics only).
+/// Fork child: forget the ordinal maps (atomics only).
 pub fn forget_process() {
-    for m in &ORD_MAP {
+    for m in ORD_MAP.iter().chain(CORES_MAP.iter()) {
         m.store(0, Ordering::Relaxed);
     }
+}
+
+/// 0 unknown, 1 no share, 2 + entry index
+static CORES_MAP: [AtomicU16; MAP_CAP] = [const { AtomicU16::new(0) }; MAP_CAP];
+
+/// Quota entry index and share of CUDA ordinal `dev` (None = no compute share).
+#[inline]
+pub fn cores_for(cfg: &Config, dev: c_int) -> Option<(usize, u8)> {
+    let d = usize::try_from(dev).ok()?;
+    let m = CORES_MAP.get(d)?;
+    let v = m.load(Ordering::Acquire);
+    let idx = match v {
+        NO_LIMIT => return None,
+        0 => {
+            let idx = map_cores(cfg, dev);
+            m.store(idx.map_or(NO_LIMIT, |i| i as u16 + 2), Ordering::Release);
+            idx?
+        }
+        v => (v - 2) as usize,
+    };
+    Some((idx, cfg.entries.get(idx)?.cores?))
+}
+
+#[cold]
+fn map_cores(cfg: &Config, dev: c_int) -> Option<usize> {
+    let count_fn = real::cuDeviceGetCount()?;
+    let mut n: c_int = 0;
+    // SAFETY: real driver call.
+    if unsafe { count_fn(&mut n) } != 0 || dev >= n {
+        return None;
+    }
+    let visible: Vec<Option<[u8; 16]>> = (0..n).map(uuid_of).collect();
+    entry_index(cfg, dev, &visible).filter(|i| cfg.entries[*i].cores.is_some())
 }
 
 #[cfg(test)]

@@ -60,6 +60,9 @@ pub struct Allocation {
     pub capabilities: Vec<Capability>,
     /// Devices of other CDI kinds.
     pub foreign_cdi: Vec<ForeignCdiDevice>,
+    /// `gpufence.dev/cores-policy: burst`: compute shares may use idle GPU time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cores_burst: bool,
     /// Where each facet was taken from (every dialect that expressed it; they agree).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<FacetSource>,
@@ -135,6 +138,7 @@ impl AllocationError {
 }
 
 mod agree;
+pub mod compute;
 pub mod devices;
 pub mod dialects;
 pub mod input;
@@ -232,6 +236,7 @@ pub fn read_with(
     }
     let memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
     let cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
+    let cores_burst = compute::cores_policy(inputs, &devices, &cores)?;
     let oversubscribe = agree::oversubscribe(&parts)?;
     if !oversubscribe {
         check_memory_fits(&devices, &memory)?;
@@ -279,6 +284,7 @@ pub fn read_with(
         capabilities,
         foreign_cdi: foreign,
         sources: sources(&parts, &origins),
+        cores_burst,
     });
     Ok(intake)
 }

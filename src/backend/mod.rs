@@ -282,6 +282,7 @@ pub(crate) mod tests {
             capabilities: vec![],
             foreign_cdi: vec![],
             sources: vec![],
+            cores_burst: false,
         }
     }
 
@@ -406,6 +407,7 @@ pub(crate) mod tests {
             let backends = decide(&a, &i, &cfg(b)).unwrap();
             let mut q = crate::quota::Quota {
                 oversubscribe: false,
+                cores_burst: false,
                 devices: a
                     .devices
                     .iter()

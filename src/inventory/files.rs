@@ -181,6 +181,8 @@ const CONFIGS: &[(&str, Capability)] = &[
 /// The simulated node's description, installed beside the mock libraries (mocks find it there,
 /// also inside containers). Never present on a real node.
 pub const MOCK_NODE_FILE: &str = "gpufence-mock-node.json";
+/// The simulated node's device timeline beside it (see `gpufence_mock_node::timeline`).
+pub const MOCK_TIMELINE_FILE: &str = "gpufence-mock-timeline";
 
 fn container_path(cfg: &Config, host: &Path) -> Option<String> {
     let rel = host.strip_prefix(&cfg.driver_root).ok()?;
@@ -226,6 +228,10 @@ pub fn driver_files(cfg: &Config, driver_version: &str) -> Vec<DriverFile> {
             let host = dir.join(&name);
             if name == MOCK_NODE_FILE {
                 out.extend(file(cfg, host, FileKind::Config, Compute));
+                continue;
+            }
+            if name == MOCK_TIMELINE_FILE {
+                out.extend(file(cfg, host, FileKind::DeviceState, Compute));
                 continue;
             }
             let Some(stem) = name.strip_suffix(&suffix) else {

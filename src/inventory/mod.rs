@@ -234,6 +234,9 @@ pub enum FileKind {
     Socket,
     /// A configuration/data file (Vulkan ICD JSON, …).
     Config,
+    /// Node-wide device state shared read-write by every process of the node (only the
+    /// simulated node's device timeline; mounted read-write).
+    DeviceState,
 }
 
 /// One driver file to expose in containers.

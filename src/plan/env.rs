@@ -20,6 +20,10 @@ pub fn env(spec: &serde_json::Value, alloc: &Allocation, config: &Config) -> Vec
             env.push(format!("GPUFENCE_CORES_{i}={c}"));
         }
     }
+    if alloc.devices.iter().any(|d| d.cores.is_some()) {
+        let policy = if alloc.cores_burst { "burst" } else { "hard" };
+        env.push(format!("GPUFENCE_CORES_POLICY={policy}"));
+    }
     if alloc.oversubscribe {
         env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
     }

@@ -382,7 +382,8 @@ pub fn cgroup_rule(n: &crate::inventory::DeviceNode) -> CgroupRule {
     }
 }
 
-/// Read-only bind mounts of driver files (same path in the container as under `driver-root`).
+/// Bind mounts of driver files (same path in the container as under `driver-root`):
+/// read-only, except node-wide device state, which every process of the node writes.
 pub fn driver_mounts<'a>(
     files: impl IntoIterator<Item = &'a crate::inventory::DriverFile>,
 ) -> Vec<crate::cdi::MountEdit> {
@@ -392,10 +393,19 @@ pub fn driver_mounts<'a>(
             host_path: f.host_path.display().to_string(),
             container_path: f.container_path.clone(),
             kind: None,
-            options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+            options: if f.kind == crate::inventory::FileKind::DeviceState {
+                RW_STATE_BIND.iter()
+            } else {
+                RO_BIND.iter()
+            }
+            .map(|s| s.to_string())
+            .collect(),
         })
         .collect()
 }
+
+/// Mount options of node-wide device state files (see `FileKind::DeviceState`).
+pub const RW_STATE_BIND: [&str; 5] = ["rw", "nosuid", "nodev", "noexec", "bind"];
 
 /// Directories (inside the container) holding mounted driver libraries, for the ldcache hook.
 pub fn library_dirs<'a>(

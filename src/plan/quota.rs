@@ -22,6 +22,7 @@ pub fn quota(alloc: &Allocation) -> Quota {
                 cores: d.cores,
             })
             .collect(),
+        cores_burst: alloc.cores_burst,
     }
 }
 

@@ -227,6 +227,7 @@ fn log_decision(id: &str, plan: &Plan) {
                 dialects = ?dialects,
                 devices = ?devices,
                 quotas = ?quotas,
+                cores_burst = a.cores_burst,
                 oversubscribe = a.oversubscribe,
                 sources = ?a
                     .sources

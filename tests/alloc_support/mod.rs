@@ -230,8 +230,16 @@ pub fn check_plan(p: &gpufence::plan::Plan, inv: &Inventory) {
         }
         if let Some(c) = d.cores {
             assert!((1..=100).contains(&c), "cores {c}");
+            assert!(
+                matches!(d.device, DeviceRef::Gpu { .. }),
+                "compute share on a MIG device"
+            );
         }
     }
+    assert!(
+        !a.cores_burst || a.devices.iter().any(|d| d.cores.is_some()),
+        "burst policy without a compute share"
+    );
     for f in &a.foreign_cdi {
         allowed.extend(f.edits.device_nodes.iter().map(|n| n.path.clone()));
     }

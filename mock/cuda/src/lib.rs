@@ -44,6 +44,8 @@ struct Device {
     uuid: [u8; 16],
     total: u64,
     used: AtomicU64,
+    /// Lane of the node-wide device timeline (GPU minor, MIG instance).
+    lane: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +70,14 @@ struct State {
 static STATE: OnceLock<Result<State, String>> = OnceLock::new();
 
 mod limits;
+macro_rules! table {
+    ($($f:ident),* $(,)?) => {
+        vec![$((stringify!($f), $f as *const std::ffi::c_void as usize)),*]
+    };
+}
+pub(crate) use table;
+
+pub mod exec;
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -120,20 +130,27 @@ pub fn uuid_bytes(text: &str) -> [u8; 16] {
 
 fn build_state() -> Result<State, String> {
     let anchor = cuInit as *const c_void;
-    let node = gpufence_mock_node::load(anchor)?;
-    // (uuid, name, bytes) of every device CUDA would enumerate, in order
-    let mut all: Vec<(String, String, u64)> = Vec::new();
+    let (node, timeline) = gpufence_mock_node::load_with_timeline(anchor)?;
+    exec::init(&timeline);
+    // (uuid, name, bytes, lane) of every device CUDA would enumerate, in order
+    let mut all: Vec<(String, String, u64, usize)> = Vec::new();
     for g in node.visible_gpus() {
         if g.mig_mode() == gpufence_mock_node::MigMode::Enabled && !g.mig.is_empty() {
-            for m in &g.mig {
+            for (j, m) in g.mig.iter().enumerate() {
                 all.push((
                     m.uuid.clone(),
                     format!("{} MIG {}", g.name, m.profile),
                     m.memory_bytes(),
+                    gpufence_mock_node::timeline::lane_index(g.minor, j + 1),
                 ));
             }
         } else {
-            all.push((g.uuid.clone(), g.name.clone(), g.memory_bytes()));
+            all.push((
+                g.uuid.clone(),
+                g.name.clone(),
+                g.memory_bytes(),
+                gpufence_mock_node::timeline::lane_index(g.minor, 0),
+            ));
         }
     }
     if let Ok(cvd) = std::env::var("CUDA_VISIBLE_DEVICES") {
@@ -157,11 +174,12 @@ fn build_state() -> Result<State, String> {
     let limits = limits::build(&node, all.iter().map(|d| d.0.as_str()));
     let devices = all
         .into_iter()
-        .map(|(uuid, name, total)| Device {
+        .map(|(uuid, name, total, lane)| Device {
             uuid: uuid_bytes(&uuid),
             name,
             total,
             used: AtomicU64::new(0),
+            lane,
         })
         .collect();
     Ok(State {
@@ -483,15 +501,6 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        tri!(current_device(s));
-        CUDA_SUCCESS
-    })
-}
-
 // ---------------------------------------------------------------------------------------------
 // Memory
 
@@ -688,14 +697,6 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: usize) -> CUresult {
     cuMemFreeAsync(dptr, stream)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(_stream: usize) -> CUresult {
-    guard(|| {
-        tri!(state());
-        CUDA_SUCCESS
-    })
 }
 
 // Virtual memory management
@@ -951,56 +952,6 @@ pub extern "C" fn cuMipmappedArrayDestroy(handle: usize) -> CUresult {
     guard(|| release(Kind::Array, handle as u64))
 }
 
-// ---------------------------------------------------------------------------------------------
-// Launch
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: *mut c_void,
-    _gx: c_uint,
-    _gy: c_uint,
-    _gz: c_uint,
-    _bx: c_uint,
-    _by: c_uint,
-    _bz: c_uint,
-    _shared: c_uint,
-    _stream: usize,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> CUresult {
-    // hot path: no catch_unwind needed (nothing here can panic), no locks
-    if f.is_null() {
-        return CUDA_ERROR_INVALID_HANDLE;
-    }
-    match STATE.get() {
-        Some(Ok(_)) => {
-            if CURRENT.with(Cell::get) == 0 {
-                CUDA_ERROR_INVALID_CONTEXT
-            } else {
-                CUDA_SUCCESS
-            }
-        }
-        _ => CUDA_ERROR_NOT_INITIALIZED,
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: *mut c_void,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: usize,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
-}
-
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(err: CUresult, s: *mut *const c_char) -> CUresult {
     let text: &'static CStr = match err {
@@ -1013,6 +964,7 @@ pub unsafe extern "C" fn cuGetErrorString(err: CUresult, s: *mut *const c_char) 
         CUDA_ERROR_INVALID_CONTEXT => c"invalid device context",
         CUDA_ERROR_INVALID_HANDLE => c"invalid resource handle",
         CUDA_ERROR_NOT_FOUND => c"named symbol not found",
+        exec::CUDA_ERROR_NOT_READY => c"device not ready",
         _ => {
             unsafe { put(s, std::ptr::null()) };
             return CUDA_ERROR_INVALID_VALUE;
@@ -1024,16 +976,10 @@ pub unsafe extern "C" fn cuGetErrorString(err: CUresult, s: *mut *const c_char) 
 // ---------------------------------------------------------------------------------------------
 // cuGetProcAddress
 
-macro_rules! table {
-    ($($f:ident),* $(,)?) => {
-        vec![$((stringify!($f), $f as *const c_void as usize)),*]
-    };
-}
-
 fn exports() -> &'static [(&'static str, usize)] {
     static T: OnceLock<Vec<(&'static str, usize)>> = OnceLock::new();
     T.get_or_init(|| {
-        table!(
+        let mut t = table!(
             cuInit,
             cuDriverGetVersion,
             cuDeviceGetCount,
@@ -1052,7 +998,6 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuCtxPopCurrent_v2,
             cuCtxGetCurrent,
             cuCtxGetDevice,
-            cuCtxSynchronize,
             cuMemGetInfo_v2,
             cuMemAlloc_v2,
             cuMemAllocManaged,
@@ -1068,7 +1013,6 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMemAllocFromPoolAsync_ptsz,
             cuMemFreeAsync,
             cuMemFreeAsync_ptsz,
-            cuStreamSynchronize,
             cuMemGetAllocationGranularity,
             cuMemCreate,
             cuMemRelease,
@@ -1082,12 +1026,12 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMipmappedArrayCreate,
             cuArrayDestroy,
             cuMipmappedArrayDestroy,
-            cuLaunchKernel,
-            cuLaunchKernel_ptsz,
             cuGetErrorString,
             cuGetProcAddress,
             cuGetProcAddress_v2,
-        )
+        );
+        t.extend(exec::exports());
+        t
     })
 }
 
@@ -1097,9 +1041,11 @@ pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
     let t = exports();
     let find = |n: &str| t.iter().find(|e| e.0 == n).map(|e| e.1);
     if flags & 2 != 0 {
-        for suffix in ["_ptsz", "_ptds"] {
-            if let Some(p) = find(&format!("{symbol}{suffix}")) {
-                return Some(p);
+        for v in ["_v3", "_v2", ""] {
+            for suffix in ["_ptsz", "_ptds"] {
+                if let Some(p) = find(&format!("{symbol}{v}{suffix}")) {
+                    return Some(p);
+                }
             }
         }
     }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 pub mod memlimits;
 pub mod mps;
+pub mod timeline;
 
 pub const ENV: &str = "GPUFENCE_MOCK_NODE";
 pub const FILE_NAME: &str = "gpufence-mock-node.json";
@@ -32,6 +33,10 @@ pub struct Node {
     /// (see `memlimits`). Absent: `nvmlDeviceSetMemoryLimits_v1` is not supported.
     #[serde(default)]
     pub memory_limits_dir: Option<String>,
+    /// The node-wide device timeline file (see [`timeline`]); where it does not exist (inside a
+    /// container) the one beside the node file is used.
+    #[serde(default)]
+    pub timeline: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,6 +120,15 @@ fn library_dir(anchor: *const libc::c_void) -> Option<PathBuf> {
     let name = unsafe { CStr::from_ptr(info.dli_fname) };
     let path = PathBuf::from(name.to_str().ok()?);
     path.parent().map(Path::to_path_buf)
+}
+
+/// The node description and the timeline file that goes with it.
+pub fn load_with_timeline(anchor: *const libc::c_void) -> Result<(Node, PathBuf), String> {
+    let path = locate(anchor).ok_or_else(|| format!("no {ENV} and no {FILE_NAME} found"))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let node = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = timeline::path_for(&path, node.timeline.as_deref());
+    Ok((node, t))
 }
 
 /// Load and parse the node file.

@@ -52,6 +52,7 @@ struct State {
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
 mod memlimits;
+pub mod util;
 
 fn debug(msg: &str) {
     if std::env::var_os("GPUFENCE_MOCK_NVML_DEBUG").is_some() {
@@ -86,6 +87,7 @@ fn init() -> nvmlReturn_t {
             return NVML_ERROR_UNKNOWN;
         }
     };
+    util::open(&path, node.timeline.as_deref());
     let visible_refs = node.visible_gpus();
     let visible = visible_refs
         .iter()
@@ -126,7 +128,7 @@ fn decode(d: nvmlDevice_t) -> Option<Handle> {
 }
 
 /// Run `f` with the initialised state and the resolved handle.
-fn with_device(
+pub(crate) fn with_device(
     d: nvmlDevice_t,
     f: impl FnOnce(&State, &gpufence_mock_node::Gpu, Option<&gpufence_mock_node::Mig>) -> nvmlReturn_t,
 ) -> nvmlReturn_t {

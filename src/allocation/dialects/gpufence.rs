@@ -11,14 +11,17 @@ pub const ANN_DEVICES: &str = "gpufence.dev/devices";
 pub const ANN_MEMORY: &str = "gpufence.dev/memory";
 pub const ANN_CORES: &str = "gpufence.dev/cores";
 pub const ANN_OVERSUBSCRIBE: &str = "gpufence.dev/oversubscribe";
+/// `hard` (default) or `burst`: see `allocation::compute`.
+pub const ANN_CORES_POLICY: &str = "gpufence.dev/cores-policy";
 /// Extension: driver capabilities (`NVIDIA_DRIVER_CAPABILITIES` syntax) as a trusted annotation.
 pub const ANN_CAPABILITIES: &str = "gpufence.dev/capabilities";
 /// Every `gpufence.dev/*` annotation gpufence knows; any other key under the prefix is refused,
 /// so that a typo (`gpufence.dev/memroy`) never silently drops a limit.
-pub const KNOWN_ANNOTATIONS: [&str; 6] = [
+pub const KNOWN_ANNOTATIONS: [&str; 7] = [
     ANN_DEVICES,
     ANN_MEMORY,
     ANN_CORES,
+    ANN_CORES_POLICY,
     ANN_OVERSUBSCRIBE,
     ANN_CAPABILITIES,
     crate::mps::ANN_SHARING,
