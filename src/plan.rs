@@ -310,6 +310,7 @@ pub fn plan(
                     cores: d.cores,
                 })
                 .collect(),
+            quiet_refusals: !config.shim.refusal_messages,
         };
         plan.host_files.push(HostFile {
             path: quota_host,

@@ -10,7 +10,10 @@
 //! device.0.uuid=GPU-2f5d…
 //! device.0.memory=4294967296
 //! device.0.cores=50
+//! refusal-messages=0
 //! ```
+//! `refusal-messages=0` (only written when set) keeps the shim from explaining a refused
+//! allocation on the process's stderr (`shim.refusal-messages` in config.toml).
 //! `device.<i>` is the container's CUDA ordinal; the shim matches devices by UUID first and falls
 //! back to the ordinal.
 
@@ -34,6 +37,13 @@ pub struct DeviceQuota {
 pub struct Quota {
     pub oversubscribe: bool,
     pub devices: Vec<DeviceQuota>,
+    /// No line on stderr when the shim refuses an allocation.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub quiet_refusals: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Quota {
@@ -47,6 +57,9 @@ impl Quota {
         } else {
             "oversubscribe=0\n"
         });
+        if self.quiet_refusals {
+            s.push_str("refusal-messages=0\n");
+        }
         for d in &self.devices {
             let i = d.ordinal;
             s.push_str(&format!("device.{i}.uuid={}\n", d.uuid));
@@ -82,6 +95,7 @@ impl Quota {
                     version_seen = true;
                 }
                 "oversubscribe" => q.oversubscribe = parse_bool(v).ok_or_else(bad)?,
+                "refusal-messages" => q.quiet_refusals = !parse_bool(v).ok_or_else(bad)?,
                 _ => {
                     let Some(rest) = k.strip_prefix("device.") else {
                         continue;
@@ -175,8 +189,15 @@ mod tests {
                     cores: None,
                 },
             ],
+            quiet_refusals: false,
         };
         assert_eq!(Quota::parse(&q.render()).unwrap(), q);
+        let quiet = Quota {
+            quiet_refusals: true,
+            ..q
+        };
+        assert!(quiet.render().contains("\nrefusal-messages=0\n"));
+        assert_eq!(Quota::parse(&quiet.render()).unwrap(), quiet);
     }
 
     #[test]

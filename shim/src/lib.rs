@@ -21,6 +21,7 @@
 #[allow(dead_code)]
 mod quota;
 
+mod explain;
 mod nvml;
 mod real;
 mod region;
@@ -127,6 +128,7 @@ static ATFORK: AtomicBool = AtomicBool::new(false);
 extern "C" fn atfork_child() {
     // async-signal-safe: atomics only
     region::forget_process();
+    explain::forget_process();
     table::forget();
     state::forget_process();
 }
@@ -163,10 +165,22 @@ fn enforce_current() -> Option<(&'static Config, Acct)> {
     enforce_dev(d)
 }
 
+/// Charge `bytes` on `a` for the driver call `what`; a refusal is counted in the region and
+/// explained on stderr.
+#[inline]
+fn charge(cfg: &Config, a: Acct, what: &str, bytes: u64) -> bool {
+    let ok = cfg.region.charge(a.idx, bytes, a.limit);
+    if !ok {
+        explain::refused(cfg, a, what, bytes);
+    }
+    ok
+}
+
 /// Charge, call the driver, record (or roll back).
 #[inline]
 fn charged(
     e: Option<(&'static Config, Acct)>,
+    what: &str,
     kind: Kind,
     bytes: u64,
     call: impl FnOnce() -> CUresult,
@@ -175,7 +189,7 @@ fn charged(
     let Some((cfg, a)) = e else {
         return call();
     };
-    if !cfg.region.charge(a.idx, bytes, a.limit) {
+    if !charge(cfg, a, what, bytes) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let r = call();
@@ -230,6 +244,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
         }
         charged(
             e,
+            "cuMemAlloc",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes) },
@@ -248,6 +263,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         let f = real_or!(cuMemAllocManaged);
         charged(
             enforce_current(),
+            "cuMemAllocManaged",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, flags) },
@@ -273,7 +289,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let estimate = (width.div_ceil(512) as u64)
             .saturating_mul(512)
             .saturating_mul(height as u64);
-        if !cfg.region.charge(a.idx, estimate, a.limit) {
+        if !charge(cfg, a, "cuMemAllocPitch", estimate) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         let r = unsafe { f(dptr, pitch, width, height, elem) };
@@ -283,7 +299,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         }
         let (p, ptr) = unsafe { (pitch.read() as u64, dptr.read()) };
         let actual = p.saturating_mul(height as u64);
-        if actual > estimate && !cfg.region.charge(a.idx, actual - estimate, a.limit) {
+        if actual > estimate && !charge(cfg, a, "cuMemAllocPitch", actual - estimate) {
             if let Some(free) = real::cuMemFree_v2() {
                 unsafe { free(ptr) };
             }
@@ -314,6 +330,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: u
         let f = real_or!(cuMemAllocAsync);
         charged(
             enforce_current(),
+            "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, stream) },
@@ -332,6 +349,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
         let f = real_or!(cuMemAllocAsync_ptsz);
         charged(
             enforce_current(),
+            "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, stream) },
@@ -360,6 +378,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         let f = real_or!(cuMemAllocFromPoolAsync);
         charged(
             enforce_pool(pool),
+            "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, pool, stream) },
@@ -379,6 +398,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
         let f = real_or!(cuMemAllocFromPoolAsync_ptsz);
         charged(
             enforce_pool(pool),
+            "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, pool, stream) },
@@ -486,6 +506,7 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         charged(
             e,
+            "cuMemCreate",
             Kind::Vmm,
             size as u64,
             || unsafe { f(handle, size, prop, flags) },
@@ -515,6 +536,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
         let bytes = array_bytes(d.width, d.height, 0, d.format, d.channels, 1);
         charged(
             enforce_current(),
+            "cuArrayCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc) },
@@ -537,6 +559,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1);
         charged(
             enforce_current(),
+            "cuArray3DCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc) },
@@ -560,6 +583,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels);
         charged(
             enforce_current(),
+            "cuMipmappedArrayCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc, levels) },

@@ -25,6 +25,8 @@ pub struct Entry {
 
 pub struct Config {
     pub oversubscribe: bool,
+    /// Explain a refused allocation on stderr (once per process).
+    pub explain: bool,
     pub entries: Vec<Entry>,
     pub region: &'static Region,
     pub backing: Backing,
@@ -93,13 +95,16 @@ pub fn state_dir() -> CString {
 
 fn load() -> Option<Config> {
     let dir = state_dir();
-    let (oversubscribe, entries) = quota_entries(&dir)?;
+    let (oversubscribe, entries, quiet) = quota_entries(&dir)?;
+    let explain = !quiet
+        && std::env::var_os("GPUFENCE_REFUSAL_MESSAGES").is_none_or(|v| v != "0" && v != "false");
     let (region, backing) = match region::open(&dir) {
         Some(r) => r,
         None => {
             warn("cannot map any accounting region; refusing all device memory");
             return Some(Config {
                 oversubscribe: false,
+                explain,
                 entries: entries
                     .into_iter()
                     .map(|e| Entry { limit: 0, ..e })
@@ -111,6 +116,7 @@ fn load() -> Option<Config> {
     };
     Some(Config {
         oversubscribe,
+        explain,
         entries,
         region,
         backing,
@@ -123,7 +129,8 @@ fn empty_region() -> Option<&'static Region> {
 
 /// The quota: from the file when it exists; a file that exists but cannot be read or parsed
 /// fails closed (every device limited to 0); env only without a file; None = no quota.
-fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>)> {
+/// Also whether the quota silences refusal messages.
+fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>, bool)> {
     let path = format!("{}/quota", dir.to_string_lossy());
     match std::fs::read_to_string(&path) {
         Ok(text) => match Quota::parse(&text) {
@@ -138,16 +145,19 @@ fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>)> {
                         limit: d.memory.unwrap_or(u64::MAX),
                     })
                     .collect(),
+                q.quiet_refusals,
             )),
             Err(e) => {
                 warn(&format!("{path}: {e}; refusing all device memory"));
-                Some((false, fail_closed()))
+                Some((false, fail_closed(), false))
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => env_entries(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            env_entries().map(|(o, e)| (o, e, false))
+        }
         Err(e) => {
             warn(&format!("{path}: {e}; refusing all device memory"));
-            Some((false, fail_closed()))
+            Some((false, fail_closed(), false))
         }
     }
 }

@@ -533,6 +533,7 @@ mod tests {
         let quota = crate::quota::Quota {
             oversubscribe: false,
             devices: vec![],
+            quiet_refusals: false,
         };
         let plan = Plan {
             state_dir: Some(own.display().to_string()),
