@@ -22,6 +22,8 @@
 mod quota;
 
 mod explain;
+#[path = "../../src/status/human.rs"]
+mod human;
 mod nvml;
 mod real;
 mod region;

@@ -33,6 +33,8 @@ enum Cmd {
     /// Register gpufence with a container runtime.
     #[command(subcommand)]
     Runtime(gpufence::runtime::cli::Cmd),
+    /// GPU containers on this node: pod, devices, memory used / quota / peak, refusals.
+    Ps(gpufence::status::ps::Args),
 }
 
 fn main() {
@@ -44,6 +46,7 @@ fn main() {
         Cmd::Plan(a) => gpufence::allocation::cli::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
+        Cmd::Ps(a) => gpufence::status::ps::run(config, a),
     };
     gpufence::exit::finish("gpufence", r)
 }

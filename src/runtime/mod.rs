@@ -138,6 +138,11 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         r.run(id)?;
     }
     write_host_files(cfg, id, &plan)?;
+    crate::status::meta::record(
+        &plan,
+        spec.get("annotations").and_then(|a| a.as_object()),
+        status_locator(parsed, cfg, &bundle),
+    );
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
@@ -243,6 +248,28 @@ pub(crate) fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::Loaded
         tracing::warn!(error = %e, "CDI spec skipped");
     }
     specs
+}
+
+/// Where `gpufence ps` will find the container's init process: the pid file (absolute) and the
+/// real runtime's state root.
+fn status_locator(
+    parsed: &args::RuncArgs,
+    cfg: &Config,
+    bundle: &Path,
+) -> crate::status::meta::Locator {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| bundle.to_path_buf());
+    crate::status::meta::Locator {
+        pid: None,
+        pid_file: parsed
+            .pid_file
+            .as_ref()
+            .map(|p| cwd.join(p).display().to_string()),
+        runtime_root: Some(
+            cwd.join(runtime_state_root(parsed, cfg))
+                .display()
+                .to_string(),
+        ),
+    }
 }
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).
