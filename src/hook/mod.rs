@@ -106,7 +106,16 @@ pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Re
     match enforce_state(&cfg, stage, &st) {
         Ok(()) => Ok(()),
         Err(e) => {
-            error!(container = %id, stage = stage.name(), error = %e, "refused: container creation aborted");
+            use crate::status::refusals::{Reason, count};
+            let reason = match &e {
+                HookError::Allocation(_) | HookError::Plan(_) => Reason::Allocation,
+                HookError::Inventory(_) => Reason::Inventory,
+                HookError::Config(_) => Reason::Config,
+                HookError::State(_) => Reason::Spec,
+                _ => Reason::Host,
+            };
+            count(&cfg.state_dir, reason);
+            error!(container = %id, stage = stage.name(), reason = reason.as_str(), error = %e, "refused: container creation aborted");
             Err(Exit::new(
                 e.code(),
                 format!("hook {}: container {id}: {e}", stage.name()),

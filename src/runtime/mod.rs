@@ -18,6 +18,7 @@ use std::process::Command;
 use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
+use crate::status::refusals::Reason;
 
 pub mod apply;
 pub mod args;
@@ -36,12 +37,15 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
     if parsed.is_create() {
         let cfg = match Config::load(None) {
             Ok(c) => c,
-            Err(e) => return Err(report(&parsed, Exit::invalid(e))),
+            Err(e) => {
+                let e = Exit::invalid(e).because(Reason::Config);
+                return Err(report(&parsed, &Config::default(), e));
+            }
         };
         if let Err(e) = prepare_create(&parsed, &cfg) {
-            return Err(report(&parsed, e));
+            return Err(report(&parsed, &cfg, e));
         }
-        let rt = real_runtime(&cfg).map_err(|e| report(&parsed, e))?;
+        let rt = real_runtime(&cfg).map_err(|e| report(&parsed, &cfg, e))?;
         return Err(exec(&rt, rest));
     }
 
@@ -62,15 +66,21 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
 }
 
 /// The error goes to runc's `--log` file too (in runc's format), where containerd looks for the
-/// reason a create failed. The binary's `finish` prints it on stderr.
-fn report(parsed: &args::RuncArgs, e: Exit) -> Exit {
+/// reason a create failed. The binary's `finish` prints it on stderr. Counted by reason.
+fn report(parsed: &args::RuncArgs, cfg: &Config, e: Exit) -> Exit {
     if let Some(log) = &parsed.log {
         let msg = format!("gpufence-runtime: {}", e.message);
         if let Err(io) = runclog::append_error(log, &msg, parsed.log_is_json()) {
             eprintln!("gpufence-runtime: cannot write {}: {io}", log.display());
         }
     }
-    tracing::error!(container = parsed.container_id.as_deref().unwrap_or(""), error = %e.message, "refused");
+    let reason = e.reason.unwrap_or(if e.code == 1 {
+        Reason::Spec
+    } else {
+        Reason::Host
+    });
+    crate::status::refusals::count(&cfg.state_dir, reason);
+    tracing::error!(container = parsed.container_id.as_deref().unwrap_or(""), reason = reason.as_str(), error = %e.message, "refused");
     e
 }
 
@@ -119,12 +129,15 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
             return Err(Exit::invalid(match inventory_error {
                 Some(inv) => format!("container {id}: {e} (inventory unavailable: {inv})"),
                 None => format!("container {id}: {e}"),
-            }));
+            })
+            .because(Reason::Allocation));
         }
     };
     if let Some(inv) = &inventory_error {
         if !plan.grants_nothing() {
-            return Err(Exit::env(format!("container {id}: inventory: {inv}")));
+            return Err(
+                Exit::env(format!("container {id}: inventory: {inv}")).because(Reason::Inventory)
+            );
         }
         tracing::warn!(container = id, error = %inv, "inventory unavailable; container has no allocation");
     }

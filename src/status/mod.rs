@@ -9,4 +9,5 @@ pub mod human;
 pub mod meta;
 pub mod ps;
 pub mod read;
+pub mod refusals;
 pub mod region;
