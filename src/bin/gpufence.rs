@@ -35,6 +35,9 @@ enum Cmd {
     Runtime(gpufence::runtime::cli::Cmd),
     /// GPU containers on this node: pod, devices, memory used / quota / peak, refusals.
     Ps(gpufence::status::ps::Args),
+    /// Prometheus metrics of this node's GPU containers on /metrics.
+    #[cfg(feature = "exporter")]
+    Exporter(gpufence::status::exporter::Args),
 }
 
 fn main() {
@@ -47,6 +50,8 @@ fn main() {
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
         Cmd::Ps(a) => gpufence::status::ps::run(config, a),
+        #[cfg(feature = "exporter")]
+        Cmd::Exporter(a) => gpufence::status::exporter::run(config, a),
     };
     gpufence::exit::finish("gpufence", r)
 }

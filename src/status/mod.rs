@@ -5,6 +5,8 @@
 //! share ([`region`]), read by [`read`] without trusting either. Refusals of container creation
 //! are counted in [`refusals`].
 
+#[cfg(feature = "exporter")]
+pub mod exporter;
 pub mod human;
 pub mod meta;
 pub mod ps;
