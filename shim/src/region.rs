@@ -68,6 +68,7 @@ pub mod offsets {
     pub const SLOTS: usize = offset_of!(Region, slots);
     pub const SLOT_SIZE: usize = size_of::<super::Slot>();
     pub const SLOT_OWNER: usize = offset_of!(super::Slot, owner);
+    pub const SLOT_USED: usize = offset_of!(super::Slot, used);
     pub const STATS_VERSION: usize = offset_of!(Region, stats.version);
     pub const PEAK: usize = offset_of!(Region, stats.peak);
     pub const REFUSALS: usize = offset_of!(Region, stats.refusals);

@@ -32,7 +32,9 @@ pub struct DeviceUsage {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     pub devices: Vec<DeviceUsage>,
-    /// Processes registered in the region (pids in the container's pid namespace), ascending.
+    /// Processes holding device memory (pids in the container's pid namespace), ascending. A
+    /// process that exited holding memory counts until the shim reclaims its slot (as its
+    /// memory does in `used`).
     pub pids: Vec<u32>,
 }
 
@@ -86,7 +88,9 @@ pub fn decode(b: &[u8], devices: usize) -> Result<Usage, DecodeError> {
         })
         .collect();
     let mut pids: Vec<u32> = (0..SLOTS)
-        .map(|i| word(b, off::SLOTS + i * off::SLOT_SIZE + off::SLOT_OWNER))
+        .map(|i| off::SLOTS + i * off::SLOT_SIZE)
+        .filter(|s| (0..MAX_DEVICES).any(|d| word(b, s + off::SLOT_USED + 8 * d) != 0))
+        .map(|s| word(b, s + off::SLOT_OWNER))
         .filter(|o| *o != 0 && *o & layout::RECLAIM == 0)
         .map(|o| (o >> 40) as u32)
         .collect();
@@ -117,17 +121,19 @@ mod tests {
         put(&mut b, off::PEAK + 8, 500);
         put(&mut b, off::REFUSALS + 8, 2);
         put(&mut b, off::LAST_REFUSED + 8, 4096);
+        let slot = |i: usize| off::SLOTS + i * off::SLOT_SIZE;
+        put(&mut b, slot(3) + off::SLOT_OWNER, (7 << 40) | 99);
+        put(&mut b, slot(3) + off::SLOT_USED + 8, 300);
+        put(&mut b, slot(0) + off::SLOT_OWNER, (5 << 40) | 1);
+        put(&mut b, slot(0) + off::SLOT_USED + 8 * 63, 1);
+        // holding nothing: not a GPU process
+        put(&mut b, slot(4) + off::SLOT_OWNER, (6 << 40) | 1);
         put(
             &mut b,
-            off::SLOTS + 3 * off::SLOT_SIZE + off::SLOT_OWNER,
-            (7 << 40) | 99,
-        );
-        put(&mut b, off::SLOTS + off::SLOT_OWNER, (5 << 40) | 1);
-        put(
-            &mut b,
-            off::SLOTS + 9 * off::SLOT_SIZE + off::SLOT_OWNER,
+            slot(9) + off::SLOT_OWNER,
             layout::RECLAIM | (8 << 40),
         );
+        put(&mut b, slot(9) + off::SLOT_USED, 5);
         let u = decode(&b, 2).unwrap();
         assert_eq!(u.pids, [5, 7]);
         assert_eq!(
