@@ -46,6 +46,33 @@ pub enum DecodeError {
     Header { magic: u64, layout: u64 },
 }
 
+/// A fresh region as the first shim process leaves it (header and stats block stamped, nothing
+/// charged): the base that tests and the fuzz target patch.
+pub fn blank() -> Vec<u8> {
+    let mut b = vec![0u8; SIZE];
+    for (at, v) in [
+        (off::MAGIC, layout::MAGIC),
+        (off::LAYOUT, layout::LAYOUT),
+        (off::STATS_VERSION, layout::stats::VERSION),
+    ] {
+        b[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    b
+}
+
+/// Check what [`decode`] promises about any input (the fuzz target and the property test).
+pub fn check_decoded(b: &[u8], devices: usize) {
+    if let Ok(u) = decode(b, devices) {
+        assert_eq!(u.devices.len(), devices.min(MAX_DEVICES));
+        assert!(u.pids.len() <= SLOTS);
+        assert!(u.pids.windows(2).all(|w| w[0] <= w[1]));
+        for d in &u.devices {
+            assert!(d.peak.is_none_or(|p| p >= d.used));
+            assert!(d.compute_ns != Some(0));
+        }
+    }
+}
+
 fn word(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8)
         .and_then(|w| <[u8; 8]>::try_from(w).ok())
@@ -107,11 +134,22 @@ mod tests {
     }
 
     fn region() -> Vec<u8> {
-        let mut b = vec![0u8; SIZE];
-        put(&mut b, off::MAGIC, layout::MAGIC);
-        put(&mut b, off::LAYOUT, layout::LAYOUT);
-        put(&mut b, off::STATS_VERSION, layout::stats::VERSION);
-        b
+        blank()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_patched_region_decodes_within_bounds(
+            patches in proptest::collection::vec((0usize..SIZE, proptest::num::u64::ANY), 0..64),
+            devices in 0usize..80,
+        ) {
+            let mut b = blank();
+            for (at, v) in patches {
+                let at = at.min(SIZE - 8);
+                put(&mut b, at, v);
+            }
+            check_decoded(&b, devices);
+        }
     }
 
     #[test]
