@@ -38,7 +38,7 @@ pub struct Quota {
     pub oversubscribe: bool,
     pub devices: Vec<DeviceQuota>,
     /// No line on stderr when the shim refuses an allocation.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, rename = "quietRefusals", skip_serializing_if = "is_false")]
     pub quiet_refusals: bool,
 }
 

@@ -15,7 +15,7 @@ pub fn size(b: u64, whole: bool) -> String {
         unit *= 1024;
         name = u;
     }
-    if whole && b % unit == 0 {
+    if whole && b.is_multiple_of(unit) {
         format!("{} {name}", b / unit)
     } else {
         format!("{:.1} {name}", b as f64 / unit as f64)
