@@ -406,6 +406,24 @@ fn ps_and_exporter_agree_with_the_clients() {
     );
     assert_eq!(table.lines().count(), 4, "{table}");
 
+    // --watch --json: one document per refresh.
+    let mut w = Command::new(common::bin("gpufence"))
+        .arg("--config")
+        .arg(&n.config)
+        .args(["ps", "--json", "--watch", "--interval", "0.2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = std::io::BufReader::new(w.stdout.take().unwrap());
+    for _ in 0..2 {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert_eq!(v["containers"].as_array().map(Vec::len), Some(3), "{l}");
+    }
+    let _ = w.kill();
+    let _ = w.wait();
+
     // The exporter.
     let mut exp = Command::new(common::bin("gpufence"))
         .arg("--config")

@@ -98,8 +98,29 @@ pub fn read_bounded(
     resolve: ResolveFlag,
     max: usize,
 ) -> std::io::Result<Vec<u8>> {
+    read_regular(dir, rel, resolve, max, false)
+}
+
+/// The first `max` bytes (or fewer) of the regular file `rel` beneath `dir`: the accounting
+/// file may hold further sections after the region (the compute limiter's).
+pub fn read_prefix(
+    dir: impl AsFd,
+    rel: &str,
+    resolve: ResolveFlag,
+    max: usize,
+) -> std::io::Result<Vec<u8>> {
+    read_regular(dir, rel, resolve, max, true)
+}
+
+fn read_regular(
+    dir: impl AsFd,
+    rel: &str,
+    resolve: ResolveFlag,
+    max: usize,
+    prefix: bool,
+) -> std::io::Result<Vec<u8>> {
     let (path_fd, dev, ino, size) = regular(dir, rel, resolve)?;
-    if size > max as u64 {
+    if size > max as u64 && !prefix {
         return Err(invalid("larger than expected"));
     }
     let f = std::fs::OpenOptions::new()
@@ -110,8 +131,9 @@ pub fn read_bounded(
     if (st.st_dev, st.st_ino) != (dev, ino) {
         return Err(invalid("replaced while opening"));
     }
-    let mut out = Vec::with_capacity(size as usize);
-    f.take(max as u64 + 1).read_to_end(&mut out)?;
+    let mut out = Vec::with_capacity(size.min(max as u64) as usize);
+    f.take(max as u64 + u64::from(!prefix))
+        .read_to_end(&mut out)?;
     if out.len() > max {
         return Err(invalid("larger than expected"));
     }
@@ -166,7 +188,7 @@ fn container(dir: &OwnedFd, id: &str) -> Option<ContainerStatus> {
     .ok()?;
     let m = Meta::parse(&bytes).ok().filter(|m| m.id == id)?;
     let (_, qdev, qino, _) = regular(dir, &format!("{id}/quota"), BENEATH).ok()?;
-    let region = match read_bounded(
+    let region = match read_prefix(
         dir,
         &format!("{id}/{}", region::FILE_NAME),
         BENEATH,
@@ -279,7 +301,7 @@ fn same_container(pid: u32, qdev: u64, qino: u64) -> bool {
 fn in_container(pid: u32) -> Result<Vec<u8>, String> {
     let root = open_dir(Path::new(&format!("/proc/{pid}/root")))
         .map_err(|e| format!("container root: {e}"))?;
-    match read_bounded(
+    match read_prefix(
         &root,
         &format!("run/gpufence/{}", region::FILE_NAME),
         IN_ROOT,
@@ -288,5 +310,36 @@ fn in_container(pid: u32) -> Result<Vec<u8>, String> {
         Ok(b) => Ok(b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(format!("accounting region: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_beneath_and_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        std::fs::write(p.join("f"), b"0123456789").unwrap();
+        std::os::unix::fs::symlink(p.join("f"), p.join("link")).unwrap();
+        nix::unistd::mkfifo(
+            &p.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        std::fs::create_dir(p.join("sub")).unwrap();
+        let dir = open_dir(p).unwrap();
+        assert_eq!(read_bounded(&dir, "f", BENEATH, 10).unwrap(), b"0123456789");
+        assert!(read_bounded(&dir, "f", BENEATH, 9).is_err());
+        assert_eq!(read_prefix(&dir, "f", BENEATH, 4).unwrap(), b"0123");
+        for bad in ["link", "fifo", "sub", "../f", "/etc/passwd", "sub/../../x"] {
+            assert!(read_bounded(&dir, bad, BENEATH, 100).is_err(), "{bad}");
+        }
+        // a damaged or foreign state directory entry is skipped, never fatal
+        std::fs::create_dir(p.join("c1")).unwrap();
+        std::fs::write(p.join("c1").join(meta::FILE_NAME), b"{not json").unwrap();
+        assert!(snapshot(p).unwrap().is_empty());
+        assert!(snapshot(&p.join("missing")).unwrap().is_empty());
     }
 }

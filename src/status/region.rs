@@ -79,8 +79,9 @@ fn word(b: &[u8], at: usize) -> u64 {
         .map_or(0, u64::from_ne_bytes)
 }
 
-/// Decode the first `devices` quota devices. An empty file (no GPU process yet) reads as zero
-/// usage; anything but the exact size or a foreign header is an error.
+/// Decode the first `devices` quota devices from the file's first [`SIZE`] bytes (readers read
+/// no more; sections after the region are not this decoder's). An empty file (no GPU process
+/// yet) reads as zero usage; a shorter file or a foreign header is an error.
 pub fn decode(b: &[u8], devices: usize) -> Result<Usage, DecodeError> {
     let devices = devices.min(MAX_DEVICES);
     if b.is_empty() {
