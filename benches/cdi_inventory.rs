@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpufence::cdi::generate;
+use gpufence::cdigen::generate;
 use gpufence::config::Config;
 use gpufence::inventory;
 

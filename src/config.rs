@@ -53,6 +53,7 @@ pub struct Config {
     pub shim: ShimConfig,
     pub log: LogConfig,
     pub gpushare: GpushareConfig,
+    pub timeouts: TimeoutsConfig,
     /// Where this file was read from (not a key).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -72,6 +73,7 @@ impl Default for Config {
             shim: ShimConfig::default(),
             log: LogConfig::default(),
             gpushare: GpushareConfig::default(),
+            timeouts: TimeoutsConfig::default(),
             source: None,
         }
     }
@@ -154,6 +156,9 @@ pub struct AllocationConfig {
     pub dialects: Vec<Dialect>,
     /// Honour allocations expressed in the process env.
     pub trust_env: TrustEnv,
+    /// Honour allocation annotations of podman (libpod) containers, which podman copies from
+    /// the image ([`crate::allocation::libpod`]). Extension of the contract.
+    pub trust_libpod_annotations: bool,
 }
 
 impl Default for AllocationConfig {
@@ -161,6 +166,7 @@ impl Default for AllocationConfig {
         AllocationConfig {
             dialects: Dialect::ALL.to_vec(),
             trust_env: TrustEnv::default(),
+            trust_libpod_annotations: false,
         }
     }
 }
@@ -260,6 +266,36 @@ impl Default for GpushareConfig {
     }
 }
 
+/// `[timeouts]`: deadlines, in seconds, of the child processes gpufence starts ([`crate::child`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    /// The namespace / ld cache worker (hook and runtime) and `runc --version`.
+    pub worker: f64,
+    /// A `gpufence inventory` rescan started by the hook when the cache is stale (NVML).
+    pub inventory: f64,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            worker: 5.0,
+            inventory: 30.0,
+        }
+    }
+}
+
+impl TimeoutsConfig {
+    /// Longest deadline accepted (a hook runs under the engine's own hook timeout).
+    pub const MAX_SECONDS: f64 = 600.0;
+    pub fn worker(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.worker)
+    }
+    pub fn inventory(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.inventory)
+    }
+}
+
 impl Config {
     /// Parse a configuration from TOML text; `path` only names the input in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
@@ -309,6 +345,19 @@ impl Config {
                 });
             }
         }
+        for (key, v) in [
+            ("timeouts.worker", self.timeouts.worker),
+            ("timeouts.inventory", self.timeouts.inventory),
+        ] {
+            if !(v > 0.0 && v <= TimeoutsConfig::MAX_SECONDS) {
+                return Err(ConfigError::Invalid {
+                    path,
+                    key,
+                    value: v.to_string(),
+                    why: "must be a number of seconds above 0 and at most 600",
+                });
+            }
+        }
         const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
         let level_ok = LEVELS.contains(&self.log.level.to_ascii_lowercase().as_str())
             || (self.log.level.contains('=')
@@ -342,18 +391,7 @@ impl Config {
     }
 }
 
-/// Create `state-dir` if missing, mode 0711: host users may not list it or reach the
-/// per-container accounting files inside (containers reach theirs through a bind mount).
-pub fn create_state_dir(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if path.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(path)
-}
+pub use crate::hostfiles::create_state_dir;
 
 /// Join an absolute path under a root (`/` root gives the path unchanged).
 pub fn join_root(root: &Path, p: &str) -> PathBuf {
@@ -397,6 +435,9 @@ level = "debug"
 format = "json"
 [gpushare]
 memory-unit = "MiB"
+[timeouts]
+worker = 2.5
+inventory = 60
 "#;
         let c = Config::from_toml(t, Path::new("x.toml")).unwrap();
         assert_eq!(
@@ -410,6 +451,8 @@ memory-unit = "MiB"
         assert!(c.shim.is_hami_core());
         assert_eq!(c.log.format, LogFormat::Json);
         assert_eq!(c.gpushare.memory_unit, MemoryUnit::MiB);
+        assert_eq!(c.timeouts.worker(), std::time::Duration::from_millis(2500));
+        assert_eq!(c.timeouts.inventory(), std::time::Duration::from_secs(60));
         let c = Config::from_toml("[allocation]\ntrust-env = true\n", Path::new("x")).unwrap();
         assert!(c.allocation.honours(Dialect::Nvidia));
     }
@@ -435,5 +478,17 @@ memory-unit = "MiB"
         assert!(e.to_string().contains("dev-root"), "{e}");
         let e = Config::from_toml("[log]\nlevel = \"loud!!\"\n", Path::new("c.toml")).unwrap_err();
         assert!(e.to_string().contains("log.level"), "{e}");
+        for bad in ["0", "-1", "601", "nan"] {
+            let e = Config::from_toml(
+                &format!("[timeouts]\nworker = {bad}\n"),
+                Path::new("c.toml"),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("timeouts.worker"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Config::default().timeouts.worker(),
+            std::time::Duration::from_secs(5)
+        );
     }
 }

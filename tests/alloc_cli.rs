@@ -72,6 +72,11 @@ fn plan_cli_against_a_simulated_node() {
         "{out}"
     );
     assert!(!out.contains("/dev/nvidia1 "), "GPU 1 not allocated: {out}");
+    // What the shim's quota is, and is not (issue 15.9).
+    assert!(
+        out.contains("isolation: ") && out.contains("driver backend or MIG"),
+        "{out}"
+    );
     // Dry run: the bundle and the state directory are untouched.
     assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
     let cfg_text = std::fs::read_to_string(&cfg).unwrap();
@@ -100,6 +105,7 @@ fn plan_cli_against_a_simulated_node() {
         "hostFiles",
         "envOverrides",
         "notes",
+        "isolation",
     ] {
         assert!(v.get(k).is_some(), "missing {k}: {out}");
     }
@@ -107,6 +113,12 @@ fn plan_cli_against_a_simulated_node() {
     assert_eq!(v["allocation"]["devices"][0]["memoryLimit"], 4u64 << 30);
     assert_eq!(v["cgroupRules"][0]["type"], "c");
     assert!(v["stateDir"].as_str().unwrap().ends_with("/abc"));
+    assert!(
+        v["isolation"]
+            .as_str()
+            .is_some_and(|i| i.contains("not a hard boundary")),
+        "{out}"
+    );
 
     // MIG on the simulated MIG GPU.
     let b = bundle(

@@ -60,14 +60,15 @@ fn full_plan_for_two_gpus() {
         .iter()
         .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
         .collect();
+    // Parent-first (by depth; equal depths keep the plan's order): a directory mount never
+    // hides one below it.
     assert_eq!(
         mounts,
         [
-            (
-                "/sim/driver/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin",
-                "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin"
-            ),
+            ("/run/gpufence/ld.so.preload", "/etc/ld.so.preload"),
+            ("tmpfs", "/run/gpufence"),
             ("/sim/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+            ("/run/gpufence/ctr-a/quota", "/run/gpufence/quota"),
             (
                 "/sim/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
@@ -77,19 +78,47 @@ fn full_plan_for_two_gpus() {
                 "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06"
             ),
             ("/usr/lib/gpufence/libgpufence.so", CONTAINER_SHIM_PATH),
-            ("/run/gpufence/ld.so.preload", "/etc/ld.so.preload"),
-            ("/run/gpufence/ctr-a", "/run/gpufence"),
-            ("/run/gpufence/ctr-a/quota", "/run/gpufence/quota"),
+            (
+                "/sim/driver/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin",
+                "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin"
+            ),
         ]
     );
-    assert_eq!(p.edits.mounts[0].options, ["ro", "nosuid", "nodev", "bind"]);
-    assert_eq!(p.edits.mounts[5].options, ["ro", "nosuid", "nodev", "bind"]);
+    let opts = |c: &str| {
+        p.edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == c)
+            .unwrap()
+            .options
+            .clone()
+    };
     assert_eq!(
-        p.edits.mounts[6].options,
-        ["rw", "nosuid", "nodev", "noexec", "bind"]
+        opts("/usr/bin/nvidia-smi"),
+        ["ro", "nosuid", "nodev", "bind"]
+    );
+    assert_eq!(opts(CONTAINER_SHIM_PATH), ["ro", "nosuid", "nodev", "bind"]);
+    // The container's own bounded tmpfs, never the host's state directory.
+    let state = p
+        .edits
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/run/gpufence")
+        .unwrap();
+    assert_eq!(state.kind.as_deref(), Some("tmpfs"));
+    assert_eq!(
+        state.options,
+        [
+            "nosuid",
+            "nodev",
+            "noexec",
+            "mode=1777",
+            "size=1m",
+            "nr_inodes=3"
+        ]
     );
     assert_eq!(
-        p.edits.mounts[7].options,
+        opts("/run/gpufence/quota"),
         ["ro", "nosuid", "nodev", "noexec", "bind"]
     );
 
@@ -297,7 +326,7 @@ fn foreign_cdi_devices_are_applied_faithfully() {
     assert_eq!(p.edits.hooks[0].path, "/usr/bin/vnic-hook");
     assert!(p.quota.is_none() && p.host_files.is_empty() && p.state_dir.is_none());
 
-    // Together with a GPU: ours first, then theirs.
+    // Together with a GPU: ours and theirs, parent-first.
     let s = spec(
         &[("cdi.k8s.io/vnic", "vendor.com/nic=nic0,gpufence.dev/gpu=0")],
         &[],
@@ -306,10 +335,19 @@ fn foreign_cdi_devices_are_applied_faithfully() {
     assert_eq!(p.edits.device_nodes[0].path, "/dev/nvidia0");
     assert_eq!(p.edits.device_nodes.last().unwrap().path, "/dev/vnic0");
     assert_eq!(p.cgroup_rules.last().unwrap().to_string(), "c 240:7 rw");
-    assert_eq!(
-        p.edits.mounts.last().unwrap().container_path,
-        "/opt/vnic/lib"
+    assert!(
+        p.edits
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/opt/vnic/lib")
     );
+    let depths: Vec<usize> = p
+        .edits
+        .mounts
+        .iter()
+        .map(|m| m.container_path.matches('/').count())
+        .collect();
+    assert!(depths.windows(2).all(|w| w[0] <= w[1]), "{depths:?}");
     assert!(p.quota.is_some());
 }
 

@@ -247,8 +247,8 @@ fn plan_already_applied_by_the_runtime_is_not_applied_twice() {
     let p = b.join("config.json");
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    v["mounts"] = serde_json::json!([{"destination": "/run/gpufence", "type": "bind",
-        "source": dir.join("node/state/ctr-twice"), "options": ["rbind", "rw"]}]);
+    v["mounts"] = serde_json::json!([{"destination": "/run/gpufence/quota", "type": "bind",
+        "source": dir.join("node/state/ctr-twice/quota"), "options": ["bind", "ro"]}]);
     std::fs::write(&p, v.to_string()).unwrap();
     let (code, out, err) = hook(&config, &["prestart"], &state("ctr-twice", 42, &b));
     assert_eq!(code, 0, "{out}{err}");
@@ -351,7 +351,9 @@ fn image_volume_at_state_dir_does_not_skip_enforcement() {
     let vol = dir.join("volumes/anon/_data");
     std::fs::create_dir_all(&vol).unwrap();
     v["mounts"] = serde_json::json!([{"destination": "/run/gpufence", "type": "bind",
-        "source": vol, "options": ["rbind", "rw"]}]);
+        "source": vol, "options": ["rbind", "rw"]},
+        {"destination": "/run/gpufence/quota", "type": "bind",
+        "source": vol.join("quota"), "options": ["rbind", "rw"]}]);
     std::fs::write(&p, v.to_string()).unwrap();
     // pid 42 is no container: enforcement is attempted and fails; it must not be skipped.
     let (code, out, err) = hook(&config, &["prestart"], &state("ctr-volume", 42, &b));

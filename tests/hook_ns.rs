@@ -147,8 +147,14 @@ fn apply_plan(ns: &Ns, n: &Node, plan: &Plan) -> Result<(), String> {
         ldcache: None,
         userns_root: None,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns.fd()), &n.rootfs, prepared, "t")
-        .map_err(|e| e.to_string())
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns.fd()),
+        &n.rootfs,
+        prepared,
+        "t",
+        std::time::Duration::from_secs(10),
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn host_mounts_under(p: &Path) -> Vec<String> {
@@ -345,7 +351,7 @@ fn v2_gate_alone_denies_ungranted_gpu_and_allows_granted() {
         minor: 0,
         access: "rw".into(),
     }];
-    gpufence::hook::cgroup::gate_v2(&cg, &rules, &[195]).unwrap();
+    gpufence::cgroup::gate_v2(&cg, &rules, &[195]).unwrap();
     let script = format!(
         "echo $$ > {}/cgroup.procs; cat {} ; cat {}; cat /dev/null && echo NULL-OK",
         cg.display(),
@@ -370,7 +376,7 @@ fn v2_runtime_program_is_widened_for_granted_nodes_only() {
     if common::skip_unless(&["sh"]) {
         return;
     }
-    use gpufence::hook::bpf;
+    use gpufence::cgroup::bpf;
     let unified = Path::new("/sys/fs/cgroup/unified");
     let v2 = if unified.join("cgroup.procs").exists() {
         unified.to_path_buf()
@@ -390,7 +396,7 @@ fn v2_runtime_program_is_widened_for_granted_nodes_only() {
     std::fs::create_dir_all(&cg).unwrap();
     let cg_fd: OwnedFd = std::fs::File::open(&cg).unwrap().into();
     // The "runtime's" program: every GPU-class access denied.
-    let runtime = bpf::load(&bpf::build_program(&[], &[195])).unwrap();
+    let runtime = bpf::load(&gpufence::cgroup::program::build_program(&[], &[195])).unwrap();
     bpf::attach(&runtime, &cg_fd, "test").unwrap();
     let probe = |cg: &Path| {
         let script = format!(
@@ -409,7 +415,7 @@ fn v2_runtime_program_is_widened_for_granted_nodes_only() {
         minor: 0,
         access: "rw".into(),
     }];
-    let widened = gpufence::hook::cgroup::gate_v2(&cg, &rules, &[195]).unwrap();
+    let widened = gpufence::cgroup::gate_v2(&cg, &rules, &[195]).unwrap();
     assert_eq!(widened, 1);
     let err = probe(&cg);
     let _ = std::fs::remove_dir(&cg);

@@ -35,9 +35,21 @@ fn setup_with(name: &str, mig: Option<u32>, extra: &str, stage: &str) -> Option<
     }
     let dir = common::scratch(name);
     let config = common::sim_node(&dir.join("node"), 2, mig);
-    if !extra.is_empty() {
+    // These tests give podman containers their allocation by `--annotation`: the node opts in
+    // (podman copies image annotations too; see libpod_image_annotation_grants_nothing).
+    let extra = if extra.contains("trust-libpod-annotations") {
+        extra.to_string()
+    } else if extra.contains("[allocation]") {
+        extra.replace(
+            "[allocation]",
+            "[allocation]\ntrust-libpod-annotations = true",
+        )
+    } else {
+        format!("{extra}\n[allocation]\ntrust-libpod-annotations = true\n")
+    };
+    {
         let mut text = std::fs::read_to_string(&config).unwrap();
-        text.push_str(extra);
+        text.push_str(&extra);
         std::fs::write(&config, text).unwrap();
     }
     let hooks = dir.join("hooks");
@@ -78,8 +90,11 @@ impl Env {
         args: &[&str],
         script: &str,
     ) -> (i32, String, String) {
-        let empty = self.dir.join("no-hooks");
-        std::fs::create_dir_all(&empty).unwrap();
+        self.podman_from(runtime, hooks, args, None, script)
+    }
+
+    /// podman global options for this test's storage, then `sub` (e.g. `["import", …]`).
+    fn podman_base(&self, runtime: &str) -> Command {
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("podman/root"))
@@ -94,8 +109,23 @@ impl Env {
                 "file",
                 "--runtime",
                 runtime,
-                "--hooks-dir",
-            ])
+            ]);
+        cmd
+    }
+
+    /// `podman run` of `image` (None: the busybox `--rootfs`).
+    fn podman_from(
+        &self,
+        runtime: &str,
+        hooks: bool,
+        args: &[&str],
+        image: Option<&str>,
+        script: &str,
+    ) -> (i32, String, String) {
+        let empty = self.dir.join("no-hooks");
+        std::fs::create_dir_all(&empty).unwrap();
+        let mut cmd = self.podman_base(runtime);
+        cmd.arg("--hooks-dir")
             .arg(if hooks { &self.hooks } else { &empty })
             .args([
                 "run",
@@ -107,11 +137,69 @@ impl Env {
                 "--ulimit",
                 "nproc=4096:4096",
             ])
-            .args(args)
-            .arg("--rootfs")
-            .arg(&self.rootfs)
-            .args(["/bin/sh", "-c", script]);
+            .args(args);
+        match image {
+            Some(i) => cmd.arg(i),
+            None => cmd.arg("--rootfs").arg(&self.rootfs),
+        };
+        cmd.args(["/bin/sh", "-c", script]);
         common::run(&mut cmd)
+    }
+
+    /// podman with this test's storage and hooks (runc), no subcommand yet.
+    fn podman_hooked(&self) -> Command {
+        let mut cmd = self.podman_base("runc");
+        cmd.arg("--hooks-dir").arg(&self.hooks);
+        cmd
+    }
+
+    /// A local image (no registry) of the busybox rootfs, built with `podman build
+    /// --annotation` for each of `annotations`, as an image author would.
+    fn image(&self, tag: &str, annotations: &[&str]) -> String {
+        let tar = self.dir.join("rootfs.tar");
+        let (c, _, err) = common::run(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&self.rootfs)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        );
+        assert_eq!(c, 0, "{err}");
+        let base = format!("localhost/{tag}-base:t");
+        let (c, out, err) = common::run(self.podman_hooked().arg("import").arg(&tar).arg(&base));
+        assert_eq!(c, 0, "podman import: {out}{err}");
+        let ctx = self.dir.join(format!("{tag}-ctx"));
+        std::fs::create_dir_all(&ctx).unwrap();
+        std::fs::write(ctx.join("Containerfile"), format!("FROM {base}\n")).unwrap();
+        let image = format!("localhost/{tag}:t");
+        let mut cmd = self.podman_hooked();
+        cmd.args(["build", "--network", "none", "-t", &image]);
+        for a in annotations {
+            cmd.args(["--annotation", a]);
+        }
+        let (c, out, err) = common::run(cmd.arg(&ctx));
+        assert_eq!(c, 0, "podman build: {out}{err}");
+        image
+    }
+
+    /// `podman run` of `image` (no `--rootfs`).
+    fn run_image(&self, args: &[&str], image: &str, script: &str) -> (i32, String, String) {
+        common::run(
+            self.podman_hooked()
+                .args([
+                    "run",
+                    "--rm",
+                    "--network",
+                    "none",
+                    "--ulimit",
+                    "nofile=20000:20000",
+                    "--ulimit",
+                    "nproc=4096:4096",
+                ])
+                .args(args)
+                .args([image, "/bin/sh", "-c", script]),
+        )
     }
 
     /// A device node made by hand in the rootfs (host side), outside the hook's knowledge.
@@ -123,6 +211,26 @@ impl Env {
             nix::sys::stat::makedev(major, minor),
         )
         .unwrap();
+    }
+
+    /// An executable running `gpufence-runtime` with this node's config (podman `--runtime`).
+    fn runtime_wrapper(&self) -> PathBuf {
+        let wrapper = self.dir.join("gpufence-runtime.sh");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nGPUFENCE_CONFIG={} exec {} \"$@\"\n",
+                self.config.display(),
+                common::bin("gpufence-runtime").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        wrapper
     }
 
     fn log(&self) -> String {
@@ -448,21 +556,7 @@ fn hook_and_runtime_give_the_same_allocation() {
     let Some(e) = setup("hook-podman-vs-runtime") else {
         return;
     };
-    let wrapper = e.dir.join("gpufence-runtime.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nGPUFENCE_CONFIG={} exec {} \"$@\"\n",
-            e.config.display(),
-            common::bin("gpufence-runtime").display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let wrapper = e.runtime_wrapper();
     let script = "for f in /dev/nvidia*; do echo \"NODE $(stat -c '%n %F %t:%T %a %u:%g' $f) \
         $(cat $f 2>&1 | head -c 80)\"; done; \
         grep -v '^#' /run/gpufence/quota | sed 's/^/QUOTA /'; \
@@ -623,4 +717,186 @@ fn user_namespace_container_works() {
     assert_eq!(code, 0, "{out}{err}\n{}", e.log());
     assert!(out.contains(ENXIO), "{out}");
     assert!(out.contains("libgpufence.so"), "{out}");
+}
+
+/// Issue 15.4: an image `VOLUME` at `/run/gpufence`, at the quota, at the shim's directory or at
+/// `/etc/ld.so.preload` never hides or replaces gpufence's mounts — through the hook and through
+/// `gpufence-runtime` (which drops such mounts from `config.json` and mounts parent-first). Before
+/// the fix the runtime mounted the image's writable volume at the quota first and the state
+/// directory over it, so container root rewrote the host's quota file.
+#[test]
+fn image_volumes_over_gpufence_paths_do_not_hide_its_mounts() {
+    let Some(e) = setup("hook-podman-volumes") else {
+        return;
+    };
+    let tar = e.dir.join("rootfs.tar");
+    let (c, o, er) = common::run(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&e.rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."),
+    );
+    assert_eq!(c, 0, "{o}{er}");
+    let image = "localhost/gpufence-volumes:test";
+    let (c, o, er) = common::run(
+        e.podman_base("runc")
+            .args([
+                "import",
+                "--change",
+                "VOLUME [\"/run/gpufence/quota\", \"/usr/lib/gpufence\"]",
+            ])
+            .arg(&tar)
+            .arg(image),
+    );
+    assert_eq!(c, 0, "podman import: {o}{er}");
+    let wrapper = e.runtime_wrapper();
+    let script = "grep -c '^device.0.memory=67108864$' /run/gpufence/quota | sed 's/^/QUOTA-LINES /'; \
+        (echo device.0.memory=99999999999 > /run/gpufence/quota) 2>/dev/null && echo QUOTA-WRITTEN; \
+        grep ' /run/gpufence/quota ' /proc/mounts | tail -1 | cut -d' ' -f4 | cut -d, -f1 | sed 's/^/QUOTA-MOUNT /'; \
+        test -s /usr/lib/gpufence/libgpufence.so && echo SHIM-PRESENT; \
+        grep ' /run/gpufence ' /proc/mounts | tail -1 | cut -d' ' -f3 | sed 's/^/STATE-FS /'; true";
+    let ann = [
+        "--annotation",
+        "gpufence.dev/devices=1",
+        "--annotation",
+        "gpufence.dev/memory=64Mi",
+    ];
+    for (runtime, hooks) in [("runc", true), (wrapper.to_str().unwrap(), false)] {
+        let (code, out, err) = e.podman_from(runtime, hooks, &ann, Some(image), script);
+        let ctx = format!("{runtime}: {out}{err}\n{}", e.log());
+        assert_eq!(code, 0, "{ctx}");
+        assert!(out.contains("QUOTA-LINES 1"), "{ctx}");
+        assert!(!out.contains("QUOTA-WRITTEN"), "{ctx}");
+        assert!(out.contains("QUOTA-MOUNT ro"), "{ctx}");
+        assert!(out.contains("SHIM-PRESENT"), "{ctx}");
+        assert!(out.contains("STATE-FS tmpfs"), "{ctx}");
+    }
+}
+
+/// Issue 15 (7): podman copies an image's annotations into the container's, so an image built
+/// with `--annotation gpufence.dev/devices=all` asked for every GPU in hook mode. By default a
+/// libpod container's allocation annotations are not trusted: the image gets nothing, and the
+/// decision is logged with the container id. A node that opts in gets the old behaviour.
+#[test]
+fn libpod_image_annotation_grants_nothing() {
+    let Some(e) = setup_with(
+        "hook-podman-libpod",
+        None,
+        "\n[allocation]\ntrust-libpod-annotations = false\n",
+        "prestart",
+    ) else {
+        return;
+    };
+    // The image also tries to pass for CRI-O: podman applies image annotations over its own.
+    let image = e.image(
+        "gpufence-libpod-evil",
+        &["gpufence.dev/devices=all", "io.container.manager=cri-o"],
+    );
+    let script = "ls /dev | grep -c nvidia; cat /run/gpufence/quota 2>&1; cat /proc/self/cgroup | grep -m1 -o '[0-9a-f]\\{64\\}'; true";
+    let (code, out, err) = e.run_image(&[], &image, script);
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "0", "no GPU from an image annotation: {out}");
+    assert!(lines[1].contains("No such file"), "no quota: {out}");
+    let log = e.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("ignored gpufence.dev/devices of a podman (libpod) container"))
+        .unwrap_or_else(|| panic!("decision not logged:\n{log}"));
+    assert!(line.contains("container="), "{line}");
+    assert!(!log.contains("enforcing plan"), "{log}");
+
+    // The same image where the node opts in: the annotation is honoured (what the attack got).
+    let cfg = std::fs::read_to_string(&e.config).unwrap().replace(
+        "trust-libpod-annotations = false",
+        "trust-libpod-annotations = true",
+    );
+    std::fs::write(&e.config, cfg).unwrap();
+    let (code, out, err) = e.run_image(&[], &image, "ls /dev | grep -c nvidia[0-9]; true");
+    assert_eq!(code, 0, "{out}{err}\n{}", e.log());
+    assert_eq!(
+        out.trim(),
+        "2",
+        "opted in: every GPU the image asked for: {out}"
+    );
+}
+
+/// Issue 15 (2): an image whose `/etc/ld.so.conf` is a FIFO blocked the ld cache refresh
+/// (`ldconfig`) in the hook's forked worker forever; the worker kept runc's hook pipes open, so
+/// podman never returned. The refresh no longer reads `ld.so.conf` (nor opens anything of the
+/// image but regular files), and the worker is bounded by `timeouts.worker` anyway: podman
+/// returns at once and the container runs with its GPU.
+#[test]
+fn blocking_image_does_not_hang_podman() {
+    let Some(e) = setup_with(
+        "hook-podman-fifo",
+        None,
+        "\n[timeouts]\nworker = 2\n",
+        "prestart",
+    ) else {
+        return;
+    };
+    std::fs::create_dir_all(e.rootfs.join("etc")).unwrap();
+    nix::unistd::mkfifo(
+        &e.rootfs.join("etc/ld.so.conf"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    // podman under a watchdog: a hang is a failure, not a stuck test run.
+    let mut child = e.podman_hooked();
+    child
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=20000:20000",
+            "--ulimit",
+            "nproc=4096:4096",
+            "--annotation",
+            "gpufence.dev/devices=0",
+            "--rootfs",
+        ])
+        .arg(&e.rootfs)
+        .args(["/bin/sh", "-c", "echo STARTED"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = child.spawn().unwrap();
+    let mut finished = None;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        if let Some(st) = child.try_wait().unwrap() {
+            finished = Some(st);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if finished.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "podman still running after 60 s (hook worker blocked)\n{}",
+            e.log()
+        );
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}\n{}", e.log());
+    assert!(stdout.contains("STARTED"), "{stdout}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    // The FIFO is still a FIFO: nothing opened it for writing or replaced it.
+    let ft = std::fs::symlink_metadata(e.rootfs.join("etc/ld.so.conf"))
+        .unwrap()
+        .file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&ft));
 }

@@ -7,12 +7,18 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+/// `gpufence runtime configure ARGS` in front of a (fake) fixed runc: the version check has its
+/// own tests below.
 fn configure(args: &[&str]) -> (i32, String, String) {
-    common::run(
-        Command::new(common::bin("gpufence"))
-            .args(["runtime", "configure"])
-            .args(args),
-    )
+    static FIXED: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let cfg = FIXED.get_or_init(|| {
+        fake_runtime(
+            &common::scratch("cfg-fixed-rt"),
+            "runc",
+            "runc version 1.3.3",
+        )
+    });
+    configure_with(cfg, args)
 }
 
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -265,4 +271,148 @@ fn docker_daemon_json_keeps_other_keys() {
     assert_eq!(code, 1);
     assert!(err.contains("daemon.json"), "{err}");
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "{ not json");
+}
+
+/// A fake real runtime printing `version_line` for `--version` (and checking it gets an empty
+/// environment), named in a gpufence config.
+fn fake_runtime(dir: &Path, name: &str, version_line: &str) -> std::path::PathBuf {
+    let rt = dir.join(name);
+    std::fs::write(
+        &rt,
+        format!(
+            "#!/bin/sh\n[ -z \"$HOME$GPUFENCE_CONFIG\" ] || {{ echo \"env not empty\" >&2; exit 9; }}\n[ \"$1\" = --version ] && printf '%s\\n' '{version_line}' 'commit: x'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, format!("[runtime]\npath = \"{}\"\n", rt.display())).unwrap();
+    cfg
+}
+
+/// configure with `gpufence_cfg` as gpufence-runtime's configuration (GPUFENCE_CONFIG, as
+/// gpufence-runtime reads it).
+fn configure_with(gpufence_cfg: &Path, args: &[&str]) -> (i32, String, String) {
+    common::run(
+        Command::new(common::bin("gpufence"))
+            .env("GPUFENCE_CONFIG", gpufence_cfg)
+            .args(["runtime", "configure"])
+            .args(args),
+    )
+}
+
+/// Issue 15 (8): runc 1.1.5 (this distribution's) creates files on the host under a rootfs race
+/// (CVE-2024-45310) and leaks a host fd (CVE-2024-21626): configure refuses to put gpufence in
+/// front of it, and names the CVEs and fixed releases in one line; with
+/// `--allow-vulnerable-runtime` it warns and writes.
+#[test]
+fn vulnerable_runtime_is_refused_unless_allowed() {
+    let s = common::scratch("cfg-vuln");
+    let main = s.join("crio.conf");
+    let drop_in = s.join("crio.conf.d/99-gpufence.conf");
+    let old = fake_runtime(&s, "runc", "runc version 1.1.5+ds1");
+    let (code, out, err) = configure_with(
+        &old,
+        &["--runtime", "crio", "--config", main.to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("runc 1.1.5 has known container escapes"),
+        "{err}"
+    );
+    assert!(
+        lines[0].contains("CVE-2024-21626 (fixed in 1.1.12"),
+        "{err}"
+    );
+    assert!(
+        lines[0].contains("CVE-2024-45310 (fixed in 1.1.14"),
+        "{err}"
+    );
+    assert!(lines[0].contains("--allow-vulnerable-runtime"), "{err}");
+    assert!(!drop_in.exists(), "nothing written");
+
+    let (code, out, err) = configure_with(
+        &old,
+        &[
+            "--runtime",
+            "crio",
+            "--config",
+            main.to_str().unwrap(),
+            "--allow-vulnerable-runtime",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.starts_with("warning: ") && err.contains("CVE-2024-45310"),
+        "{err}"
+    );
+    assert!(drop_in.exists());
+
+    // A fixed release: no warning.
+    std::fs::remove_file(&drop_in).unwrap();
+    let new = fake_runtime(&s, "runc-new", "runc version 1.3.3");
+    let (code, out, err) = configure_with(
+        &new,
+        &["--runtime", "crio", "--config", main.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.is_empty(), "{err}");
+    assert!(drop_in.exists());
+
+    // Unknown runtime: a warning, nothing refused.
+    let other = fake_runtime(&s, "youki", "youki version 0.3.3");
+    let (code, out, err) = configure_with(
+        &other,
+        &[
+            "--runtime",
+            "crio",
+            "--config",
+            main.to_str().unwrap(),
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.starts_with("warning: ") && err.contains("no known advisory"),
+        "{err}"
+    );
+
+    // An old crun.
+    let crun = fake_runtime(&s, "crun", "crun version 1.4.3");
+    let (code, _, err) = configure_with(
+        &crun,
+        &["--runtime", "crio", "--config", main.to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("CVE-2022-27650"), "{err}");
+}
+
+/// The check runs this machine's real runc: at runc 1.1.5 (Debian 12) configure refuses.
+#[test]
+fn this_machines_runc_is_judged() {
+    if !common::have("runc") {
+        return;
+    }
+    let (_, version, _) = common::run(Command::new("runc").arg("--version"));
+    let vulnerable = matches!(
+        gpufence::runtime::vulnerable::judge(&version),
+        gpufence::runtime::vulnerable::Verdict::Vulnerable(_)
+    );
+    let s = common::scratch("cfg-host-runc");
+    let cfg = s.join("gpufence.toml");
+    std::fs::write(&cfg, "[runtime]\npath = \"/usr/sbin/runc\"\n").unwrap();
+    let main = s.join("crio.conf");
+    let (code, out, err) = configure_with(
+        &cfg,
+        &[
+            "--runtime",
+            "crio",
+            "--config",
+            main.to_str().unwrap(),
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code == 2, vulnerable, "{version}: {out}{err}");
 }

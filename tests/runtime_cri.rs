@@ -181,6 +181,7 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .args([
                 "runtime",
                 "configure",
+                "--allow-vulnerable-runtime",
                 "--runtime",
                 "containerd",
                 "--config",

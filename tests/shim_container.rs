@@ -6,7 +6,7 @@
 //! the shim needs comes from the runtime's plan — the device nodes and cgroup rules, the driver
 //! libraries from the sim's driver root (mock `libcuda.so.1`, `libnvidia-ml.so.1`, the mock node
 //! description beside them, `nvidia-smi`) made loadable by the ld-cache hook, the shim through
-//! `/etc/ld.so.preload`, the state directory at /run/gpufence with the read-only quota file on top,
+//! `/etc/ld.so.preload`, the container's own tmpfs at /run/gpufence with the read-only quota file on top,
 //! and `GPUFENCE_STATE`.
 //!
 //! Proves, inside the container: all three ways to the driver land in the shim; one process is
@@ -200,11 +200,77 @@ echo done
     assert!(out.contains("accounting 666"), "{ctx}");
     assert!(out.contains("quota-readonly"), "{ctx}");
     assert_eq!(field(&out, "quota-mount"), ["ro"], "{ctx}");
-    // The container user shares the region but cannot create files in the host's directory.
+    // The container user shares the region; nothing else can be created beside it.
     assert!(out.contains("state-dir-closed"), "{ctx}");
-    // The region lived in the host's per-container state directory; delete removed it.
-    assert!(accounting_on_host, "{ctx}");
+    // The region lives in the container's own tmpfs, never in the host's state directory.
+    assert!(!accounting_on_host, "{ctx}");
     assert_eq!(dcode, 0, "{derr}");
     assert!(!state.exists(), "state dir removed on delete");
     assert!(!runc_list(&root).contains(&id));
+}
+
+/// Issue 15.5: inside a container gpufence prepared, the quota's location is fixed. Moving
+/// `GPUFENCE_STATE` (a process, or the image's ENV in hook mode) does not lift the quota, and a
+/// quota that went missing (container root with CAP_SYS_ADMIN unmounting it) makes the shim
+/// refuse allocations instead of passing them through.
+#[test]
+fn moved_state_env_or_missing_quota_never_lifts_the_quota() {
+    if common::skip_unless(&["runc", "gcc"]) {
+        return;
+    }
+    let s = common::scratch("shim-ctr-env");
+    let n = node(&s, 2, &[]);
+    let script = r#"
+C=/usr/local/bin/cuda_client
+mkdir -p /tmp/elsewhere
+env -u GPUFENCE_MEMORY_LIMIT_0 GPUFENCE_STATE=/tmp/elsewhere $C dlsym alloc 209715200 | sed 's/^/env-moved /'
+env -u GPUFENCE_MEMORY_LIMIT_0 GPUFENCE_STATE= $C dlsym alloc 209715200 | sed 's/^/env-empty /'
+$C dlsym alloc 1048576 | sed 's/^/before-umount /'
+umount /run/gpufence/quota 2>&1; umount /run/gpufence 2>&1; test -e /run/gpufence/quota || echo unmounted
+GPUFENCE_STATE=/tmp/elsewhere $C dlsym alloc 1048576 | sed 's/^/quota-gone /'
+echo done
+"#;
+    let b = runtime_support::bundle(
+        &s,
+        "bundle",
+        script,
+        &[
+            ("gpufence.dev/devices", "1"),
+            ("gpufence.dev/memory", "100Mi"),
+        ],
+        &["GPUFENCE_MEMORY_LIMIT_0=999999999999"],
+    );
+    let rootfs = common::glibc_rootfs(&b);
+    std::fs::set_permissions(rootfs.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let bin = rootfs.join("usr/local/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(&harness::clients().0, bin.join("cuda_client")).unwrap();
+    let cfg_path = b.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    for set in ["bounding", "effective", "permitted"] {
+        cfg["process"]["capabilities"][set]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("CAP_SYS_ADMIN"));
+    }
+    std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    let root = s.join("runc-root");
+    let runc_log = s.join("runc.log");
+    let id = unique_id("shimenv");
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &runc_log,
+        &["run", "--bundle", b.to_str().unwrap(), &id],
+    );
+    let _ = runtime(&n, &root, &runc_log, &["delete", "--force", &id]);
+    let ctx = format!("container output:\n{out}\nstderr:\n{err}");
+    assert_eq!(code, 0, "{ctx}");
+    assert!(out.lines().any(|l| l == "done"), "{ctx}");
+    assert!(out.contains("env-moved alloc 209715200 err 2"), "{ctx}");
+    assert!(out.contains("env-empty alloc 209715200 err 2"), "{ctx}");
+    assert!(out.contains("before-umount alloc 1048576 ok"), "{ctx}");
+    assert!(out.contains("unmounted"), "{ctx}");
+    assert!(out.contains("quota-gone alloc 1048576 err 2"), "{ctx}");
 }

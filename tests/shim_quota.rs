@@ -105,14 +105,9 @@ fn eight_processes_allocating_concurrently_never_exceed_the_quota_together() {
     assert_eq!(num(&out, "fill"), quota);
 }
 
-#[test]
-fn sigkilled_process_memory_is_reclaimed() {
-    let Some(node) = Node::new("shim-kill", &[1024]) else {
-        return;
-    };
-    let quota = 100 * MIB;
-    let st = node.state("k", Some(&node.quota(&[(0, 0, quota)])));
-    let mut holder = node.spawn("direct", &st, &["alloc", &(80 * MIB).to_string(), "hold"]);
+/// A process (linked against the driver) holding 80 MiB, once it says so.
+fn hold_80_mib(node: &Node, st: &std::path::Path) -> std::process::Child {
+    let mut holder = node.spawn("direct", st, &["alloc", &(80 * MIB).to_string(), "hold"]);
     let mut rd = BufReader::new(holder.stdout.take().unwrap());
     let mut line = String::new();
     rd.read_line(&mut line).unwrap();
@@ -120,6 +115,17 @@ fn sigkilled_process_memory_is_reclaimed() {
     line.clear();
     rd.read_line(&mut line).unwrap();
     assert_eq!(line, "holding\n");
+    holder
+}
+
+#[test]
+fn sigkilled_process_memory_is_reclaimed() {
+    let Some(node) = Node::new("shim-kill", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    let st = node.state("k", Some(&node.quota(&[(0, 0, quota)])));
+    let mut holder = hold_80_mib(&node, &st);
     // a neighbour in the same container sees the holder's share
     let out = node.run(
         "dlsym",
@@ -499,4 +505,59 @@ fn oversubscribe_spills_past_the_quota_instead_of_failing() {
         vec![(2 * MIB).to_string(), (10 * MIB).to_string()],
         "{out}"
     );
+}
+
+/// Issue 15.9: a process zeroing the container-wide counters of the 0666 accounting region does
+/// not lift the quota: totals are recomputed from the live processes' slots.
+#[test]
+fn zeroed_header_counters_do_not_lift_the_quota() {
+    let Some(node) = Node::new("shim-zeroed", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    let st = node.state("z", Some(&node.quota(&[(0, 0, quota)])));
+    let mut holder = hold_80_mib(&node, &st);
+    // The header's per-device counters (after magic and layout): what any process may zero.
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(st.join("accounting"))
+            .unwrap();
+        f.seek(SeekFrom::Start(16)).unwrap();
+        f.write_all(&[0u8; 64 * 8]).unwrap();
+    }
+    let out = node.run(
+        "dlsym",
+        &st,
+        &["info", "alloc", &(30 * MIB).to_string(), "fill", "1048576"],
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(
+        field(&out, "info"),
+        vec![(20 * MIB).to_string(), quota.to_string()],
+        "{out}"
+    );
+    assert!(out.contains(&format!("alloc {} err 2", 30 * MIB)), "{out}");
+    assert_eq!(num(&out, "fill"), 20 * MIB, "{out}");
+}
+
+/// Issue 15.9: `dlvsym` is no way around the shim — neither glibc's `dlsym` fetched by version
+/// nor the CUDA names looked up through `dlvsym` itself.
+#[test]
+fn dlvsym_does_not_bypass_the_shim() {
+    let Some(node) = Node::new("shim-dlvsym", &[1024]) else {
+        return;
+    };
+    let quota = 64 * MIB;
+    for mode in ["dlvsym-dlsym", "dlvsym"] {
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, quota)])));
+        let out = node.run(mode, &st, &["where", "fill", "1048576", "info"]);
+        assert!(
+            out.contains("where cuMemAlloc_v2 libgpufence.so"),
+            "{mode}: {out}"
+        );
+        assert_eq!(num(&out, "fill"), quota, "{mode}: {out}");
+    }
 }

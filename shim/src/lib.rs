@@ -21,6 +21,7 @@
 #[allow(dead_code)]
 mod quota;
 
+mod elfsym;
 mod explain;
 #[path = "../../src/status/human.rs"]
 mod human;
@@ -880,6 +881,62 @@ pub unsafe extern "C" fn dlsym(handle: Ptr, name: *const c_char) -> Ptr {
         return h as Ptr;
     }
     unsafe { real::real_dlsym()(handle, name) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dlvsym: glibc's `dlsym` (or `dlvsym`) fetched by version, and the driver's names, go through
+// the shim like `dlsym` does.
+
+/// Our export for `name` asked for by version, else 0 (then the trampoline tail-calls glibc's
+/// dlvsym). Always leaves the real dlvsym resolved.
+extern "C" fn dlvsym_decide(handle: Ptr, name: *const c_char) -> usize {
+    real::real_dlvsym();
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's NUL-terminated symbol name.
+    match unsafe { CStr::from_ptr(name) }.to_bytes() {
+        b"dlsym" => dlsym as unsafe extern "C" fn(Ptr, *const c_char) -> Ptr as usize,
+        b"dlvsym" => {
+            dlvsym as unsafe extern "C" fn(Ptr, *const c_char, *const c_char) -> Ptr as usize
+        }
+        _ => dlsym_decide(handle, name),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlvsym(handle: Ptr, name: *const c_char, version: *const c_char) -> Ptr {
+    // Three pushes keep the stack 16-byte aligned at the call; the tail jump keeps the
+    // caller's return address (RTLD_NEXT is relative to it).
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {decide}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "ret",
+        "2:",
+        "jmp qword ptr [rip + {real}]",
+        decide = sym dlvsym_decide,
+        real = sym real::GPUFENCE_REAL_DLVSYM,
+    )
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlvsym(handle: Ptr, name: *const c_char, version: *const c_char) -> Ptr {
+    let h = dlvsym_decide(handle, name);
+    if h != 0 {
+        return h as Ptr;
+    }
+    // SAFETY: glibc's dlvsym with the caller's arguments.
+    unsafe { real::real_dlvsym()(handle, name, version) }
 }
 
 #[cfg(test)]

@@ -28,9 +28,10 @@ pub fn real_dlsym() -> DlsymFn {
         return unsafe { std::mem::transmute::<usize, DlsymFn>(p) };
     }
     let mut found = 0usize;
+    let dlvsym = real_dlvsym();
     for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17", c"GLIBC_2.0"] {
-        // SAFETY: dlvsym with valid C strings.
-        let f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) } as usize;
+        // SAFETY: glibc's dlvsym with valid C strings.
+        let f = unsafe { dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) } as usize;
         if f != 0 && !is_ours(f) {
             found = f;
             break;
@@ -42,6 +43,34 @@ pub fn real_dlsym() -> DlsymFn {
     GPUFENCE_REAL_DLSYM.store(found, Ordering::Release);
     // SAFETY: as above.
     unsafe { std::mem::transmute::<usize, DlsymFn>(found) }
+}
+
+pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+
+/// glibc's `dlvsym`, published once. Read by the `dlvsym` trampoline in lib.rs.
+pub static GPUFENCE_REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn null_dlvsym(
+    _h: *mut c_void,
+    _n: *const c_char,
+    _v: *const c_char,
+) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// glibc's `dlvsym`, from libc's (2.34+) or libdl's symbol table: by name the loader would
+/// hand back the shim's own export.
+pub fn real_dlvsym() -> DlvsymFn {
+    let mut p = GPUFENCE_REAL_DLVSYM.load(Ordering::Acquire);
+    if p == 0 {
+        p = crate::elfsym::find(&[b"/libc.so.6".as_slice(), b"/libdl.so.2"], b"dlvsym");
+        if p == 0 || is_ours(p) {
+            p = null_dlvsym as DlvsymFn as usize;
+        }
+        GPUFENCE_REAL_DLVSYM.store(p, Ordering::Release);
+    }
+    // SAFETY: only ever stores a dlvsym-compatible function pointer.
+    unsafe { std::mem::transmute::<usize, DlvsymFn>(p) }
 }
 
 static OUR_BASE: AtomicUsize = AtomicUsize::new(0);

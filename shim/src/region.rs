@@ -4,7 +4,8 @@
 //!
 //! Layout (native endian, all `u64`):
 //! ```text
-//! header:  magic, layout, used[64]               (bytes charged per quota device, container-wide)
+//! header:  magic, layout, used[64], slots_hwm    (bytes charged per quota device, container-wide;
+//!                                                 slots ever taken: the live ones lie below)
 //! slot*1024: owner, used[64]                     (bytes charged by one process)
 //! stats:   version, peak[64], refusals[64], …    (observability, versioned on its own: stats.rs)
 //! ```
@@ -17,6 +18,13 @@
 //! closed), never under-counted. Reclaiming a dead process's slot swaps each of its counters to 0
 //! and subtracts what it took from the header, so a reclaimer that dies half-way can be taken
 //! over by the next one without double subtraction.
+//!
+//! The file is 0666 (every uid of the container shares it), so any process of the container can
+//! overwrite it: the header's totals are a fast path, not the truth. A charge that passes the
+//! header is checked against the sum of the live slots too (the first `slots_hwm`, at least up
+//! to our own), so zeroing the header does not lift the quota; a process that also zeroes the
+//! other processes' slots can, which no preloaded library can prevent (see the README: hard
+//! isolation against a hostile tenant needs the driver backend or MIG).
 
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,8 +35,9 @@ pub mod stats;
 pub const MAX_DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
 pub const MAGIC: u64 = 0x6770_7566_656e_6365; // "gpufence"
-/// Bits 40..: layout revision (2: the stats block follows the slots).
-pub const LAYOUT: u64 = ((SLOTS as u64) << 16) | MAX_DEVICES as u64 | (2 << 40);
+/// Bits 40..: layout revision (2: `slots_hwm` in the header; 3: the stats block follows the
+/// slots).
+pub const LAYOUT: u64 = ((SLOTS as u64) << 16) | MAX_DEVICES as u64 | (3 << 40);
 pub const RECLAIM: u64 = 1 << 63;
 const START_BITS: u32 = 40;
 /// File name of the region inside `$GPUFENCE_STATE`.
@@ -39,6 +48,8 @@ pub struct Header {
     magic: AtomicU64,
     layout: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
+    /// 1 + the highest slot index ever taken.
+    slots_hwm: AtomicU64,
 }
 
 #[repr(C)]
@@ -255,12 +266,28 @@ fn dead(key: u64) -> bool {
 }
 
 impl Region {
-    /// Bytes charged container-wide on quota device `d`.
+    /// Bytes charged container-wide on quota device `d`: the header's total, or the live
+    /// slots' sum where the header was lowered behind our back.
     pub fn used(&self, d: usize) -> u64 {
         self.header
             .used
             .get(d)
-            .map_or(0, |u| u.load(Ordering::Acquire))
+            .map_or(0, |u| u.load(Ordering::Acquire).max(self.live_sum(d)))
+    }
+
+    /// Sum of the slots' charges on device `d` (slots up to the high-water mark, and at least
+    /// up to ours: a zeroed mark hides no more than the other processes' slots).
+    #[inline]
+    fn live_sum(&self, d: usize) -> u64 {
+        let hwm = self.header.slots_hwm.load(Ordering::Acquire);
+        let n = usize::try_from(hwm)
+            .unwrap_or(SLOTS)
+            .max(MY_SLOT.load(Ordering::Relaxed))
+            .min(SLOTS);
+        self.slots[..n]
+            .iter()
+            .filter_map(|s| s.used.get(d))
+            .fold(0u64, |a, u| a.saturating_add(u.load(Ordering::Acquire)))
     }
 
     /// Reclaim every slot whose process is gone. `me` is this process's key; a slot holding
@@ -270,8 +297,12 @@ impl Region {
         let me = my_key();
         let mine = MY_SLOT.load(Ordering::Relaxed);
         let mut freed = 0;
+        let mut top = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let owner = s.owner.load(Ordering::Acquire);
+            if owner != 0 {
+                top = i + 1;
+            }
             if owner == 0 || i + 1 == mine {
                 continue;
             }
@@ -296,6 +327,10 @@ impl Region {
                 s.owner.store(0, Ordering::Release);
             }
         }
+        // Repair a lowered high-water mark (it only ever grows).
+        self.header
+            .slots_hwm
+            .fetch_max(top as u64, Ordering::AcqRel);
         freed
     }
 
@@ -320,7 +355,12 @@ impl Region {
             {
                 // another thread of ours may have won meanwhile: keep the first, free ours
                 match MY_SLOT.compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Some(s),
+                    Ok(_) => {
+                        self.header
+                            .slots_hwm
+                            .fetch_max(i as u64 + 1, Ordering::AcqRel);
+                        return Some(s);
+                    }
                     Err(other) => {
                         s.owner.store(0, Ordering::Release);
                         return self.slots.get(other - 1);
@@ -345,17 +385,22 @@ impl Region {
                 })
                 .ok()
         };
-        let before = match try_add() {
-            Some(b) => b,
-            None => match (self.reclaim_dead() != 0).then(try_add).flatten() {
-                Some(b) => b,
-                None => {
-                    self.stats.note_refusal(d, bytes);
-                    return false;
-                }
-            },
+        let Some(before) = try_add().or_else(|| (self.reclaim_dead() != 0).then(try_add).flatten())
+        else {
+            self.stats.note_refusal(d, bytes);
+            return false;
         };
-        self.stats.note_in_use(d, before.saturating_add(bytes));
+        // The header passed; the live slots must agree (by the invariant they never hold more
+        // than the header did before our add, so this refuses only a lowered header).
+        let live = self.live_sum(d);
+        if live.saturating_add(bytes) > limit {
+            total.fetch_sub(bytes, Ordering::AcqRel);
+            total.fetch_max(live, Ordering::AcqRel);
+            self.stats.note_refusal(d, bytes);
+            return false;
+        }
+        self.stats
+            .note_in_use(d, before.max(live).saturating_add(bytes));
         if let Some(s) = slot {
             s.used[d].fetch_add(bytes, Ordering::AcqRel);
         }

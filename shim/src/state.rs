@@ -86,41 +86,85 @@ pub fn warn(msg: &str) {
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
-pub fn state_dir() -> CString {
-    std::env::var_os("GPUFENCE_STATE")
-        .filter(|v| !v.is_empty())
-        .and_then(|v| CString::new(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())).ok())
+/// Where gpufence mounts this library inside the containers it sets up (the plan's
+/// `CONTAINER_SHIM_PATH`).
+pub const CONTAINER_SHIM_PATH: &CStr = c"/usr/lib/gpufence/libgpufence.so";
+
+/// Whether this copy of the shim is the one gpufence mounted into a container: loaded from
+/// `CONTAINER_SHIM_PATH` (by name, or the same file under another name, e.g. `/lib/…` on a
+/// merged-/usr image). Then the state directory is fixed at `/run/gpufence` and every missing
+/// piece fails closed; elsewhere (host-side tests, a shim preloaded by hand) `GPUFENCE_STATE`
+/// may point it at another directory and the env quota applies without a file.
+pub fn in_gpufence_container() -> bool {
+    // SAFETY: Dl_info is plain data; all-zero is a valid value for dladdr to overwrite.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let me = in_gpufence_container as fn() -> bool as *const libc::c_void;
+    // SAFETY: dladdr only reads the loader's tables for an address of this object.
+    if unsafe { libc::dladdr(me, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the dynamic loader, alive while
+    // this object is loaded.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    if name == CONTAINER_SHIM_PATH {
+        return true;
+    }
+    let id = |p: &CStr| {
+        // SAFETY: stat is plain data; all-zero is valid for stat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: p is NUL-terminated; st is a valid out-buffer.
+        (unsafe { libc::stat(p.as_ptr(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    matches!((id(name), id(CONTAINER_SHIM_PATH)), (Some(a), Some(b)) if a == b)
+}
+
+/// The state directory: fixed inside a gpufence container, else `GPUFENCE_STATE` (default
+/// `/run/gpufence`).
+pub fn state_dir(fixed: bool) -> CString {
+    let env = std::env::var_os("GPUFENCE_STATE").filter(|v| !v.is_empty());
+    if fixed {
+        if env.as_deref().is_some_and(|v| v != DEFAULT_STATE_DIR) {
+            warn("GPUFENCE_STATE ignored: the quota of a gpufence container is at /run/gpufence");
+        }
+        return CString::new(DEFAULT_STATE_DIR).unwrap_or_default();
+    }
+    env.and_then(|v| CString::new(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())).ok())
         .unwrap_or_else(|| CString::new(DEFAULT_STATE_DIR).unwrap_or_default())
 }
 
 fn load() -> Option<Config> {
-    let dir = state_dir();
-    let (oversubscribe, entries, quiet) = quota_entries(&dir)?;
+    let fixed = in_gpufence_container();
+    let dir = state_dir(fixed);
+    let (oversubscribe, entries, quiet) = quota_entries(&dir, fixed)?;
     let explain = !quiet
         && std::env::var_os("GPUFENCE_REFUSAL_MESSAGES").is_none_or(|v| v != "0" && v != "false");
-    let (region, backing) = match region::open(&dir) {
-        Some(r) => r,
-        None => {
-            warn("cannot map any accounting region; refusing all device memory");
-            return Some(Config {
+    let opened = region::open(&dir);
+    match opened {
+        // Inside a gpufence container the region must be the container's shared one.
+        Some((region, backing)) if !(fixed && backing == Backing::Private) => Some(Config {
+            oversubscribe,
+            explain,
+            entries,
+            region,
+            backing,
+        }),
+        _ => {
+            warn("cannot map the container's accounting region; refusing all device memory");
+            Some(Config {
                 oversubscribe: false,
                 explain,
                 entries: entries
                     .into_iter()
                     .map(|e| Entry { limit: 0, ..e })
                     .collect(),
-                region: empty_region()?,
+                region: match opened {
+                    Some((r, _)) => r,
+                    None => empty_region()?,
+                },
                 backing: Backing::Private,
-            });
+            })
         }
-    };
-    Some(Config {
-        oversubscribe,
-        explain,
-        entries,
-        region,
-        backing,
-    })
+    }
 }
 
 fn empty_region() -> Option<&'static Region> {
@@ -128,9 +172,10 @@ fn empty_region() -> Option<&'static Region> {
 }
 
 /// The quota: from the file when it exists; a file that exists but cannot be read or parsed
-/// fails closed (every device limited to 0); env only without a file; None = no quota.
+/// fails closed (every device limited to 0), and so does a missing one inside a gpufence
+/// container (`fixed`); elsewhere env only without a file; None = no quota.
 /// Also whether the quota silences refusal messages.
-fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>, bool)> {
+fn quota_entries(dir: &CStr, fixed: bool) -> Option<(bool, Vec<Entry>, bool)> {
     let path = format!("{}/quota", dir.to_string_lossy());
     match std::fs::read_to_string(&path) {
         Ok(text) => match Quota::parse(&text) {
@@ -152,7 +197,8 @@ fn quota_entries(dir: &CStr) -> Option<(bool, Vec<Entry>, bool)> {
                 Some((false, fail_closed(), false))
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        // A gpufence container always has its quota file: gone means tampered with.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !fixed => {
             env_entries().map(|(o, e)| (o, e, false))
         }
         Err(e) => {

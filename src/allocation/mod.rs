@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod cli;
-
 use crate::cdi::ContainerEdits;
 use crate::config::Dialect;
 use crate::inventory::Capability;
@@ -107,12 +105,14 @@ impl AllocationError {
     }
 }
 
+mod agree;
 pub mod devices;
 pub mod dialects;
 pub mod input;
+pub mod libpod;
 
 use devices::{Resolved, describe};
-use dialects::{Facet, Part};
+use dialects::Part;
 use input::Inputs;
 
 /// A value shortened for messages.
@@ -143,123 +143,40 @@ pub struct Intake {
 pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
 
 /// Read the allocation from a parsed `config.json`. Pure.
+///
+/// Each enabled dialect is read into a [`Part`]; the parts must agree facet by facet
+/// ([`agree`]); then untrusted env is neutralised and the normalised [`Allocation`] assembled.
 pub fn read(
     spec: &serde_json::Value,
     inventory: &crate::inventory::Inventory,
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Intake, AllocationError> {
-    let inputs = Inputs::from_spec(spec)?;
+    let mut inputs = Inputs::from_spec(spec)?;
     let ac = &config.allocation;
-    let mut parts: Vec<Part> = Vec::new();
-    if ac.enabled(Dialect::Gpufence) {
-        parts.push(dialects::gpufence_devices(&inputs, inventory)?);
-    }
-    if ac.enabled(Dialect::Cdi) {
-        parts.push(dialects::cdi(&inputs, inventory, cdi_specs)?);
-    }
-    if ac.honours(Dialect::Hami) {
-        parts.push(dialects::hami(&inputs, inventory)?);
-    }
-    if ac.honours(Dialect::Gpushare) {
-        parts.push(dialects::gpushare(&inputs, inventory, config)?);
-    }
-    if ac.enabled(Dialect::Nvidia) {
-        parts.push(dialects::nvidia(
-            &inputs,
-            inventory,
-            ac.honours(Dialect::Nvidia),
-        )?);
-    }
-
-    // Devices: every dialect that names gpufence devices must name the same set.
-    let mut base: Option<(Dialect, &Facet<Vec<Resolved>>)> = None;
-    for p in &parts {
-        let Some(d) = &p.devices else { continue };
-        match base {
-            None => base = Some((p.dialect, d)),
-            Some((bd, b)) => {
-                let mut x: Vec<DeviceRef> = b.values.iter().map(|r| r.device).collect();
-                let mut y: Vec<DeviceRef> = d.values.iter().map(|r| r.device).collect();
-                x.sort();
-                y.sort();
-                if x != y {
-                    return Err(disagree(
-                        p.dialect,
-                        d,
-                        bd,
-                        &b.key,
-                        &b.value,
-                        "devices differ",
-                    ));
-                }
-            }
-        }
-    }
-    let devices: Vec<Resolved> = base.map(|(_, b)| b.values.clone()).unwrap_or_default();
-
+    let dropped = libpod::drop_untrusted(&mut inputs.annotations, ac.trust_libpod_annotations);
+    let mut parts = read_parts(&inputs, inventory, config, cdi_specs)?;
+    let devices = agree::devices(&parts)?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
-        let limits = dialects::gpufence_limits(&inputs, &devices)?;
-        parts.push(limits);
+        parts.push(dialects::gpufence_limits(&inputs, &devices)?);
     }
-    let memory = agree(&parts, &devices, |p| p.memory.as_ref())?;
-    let cores = agree(&parts, &devices, |p| p.cores.as_ref())?;
-    let mut oversubscribe: Option<(Dialect, &Facet<bool>)> = None;
-    for p in &parts {
-        let Some(o) = &p.oversubscribe else { continue };
-        match oversubscribe {
-            None => oversubscribe = Some((p.dialect, o)),
-            Some((bd, b)) if b.values != o.values => {
-                return Err(disagree(
-                    p.dialect,
-                    o,
-                    bd,
-                    &b.key,
-                    &b.value,
-                    "oversubscription differs",
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    let oversubscribe = oversubscribe.is_some_and(|(_, o)| o.values);
-
-    // Quota larger than the device: refused unless the container may spill to host memory.
+    let memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
+    let cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
+    let oversubscribe = agree::oversubscribe(&parts)?;
     if !oversubscribe {
-        for (i, r) in devices.iter().enumerate() {
-            if let Some((Some(m), key, value)) = memory.get(i).map(|(m, k, v)| (*m, k, v))
-                && m > r.memory_bytes
-            {
-                return Err(AllocationError::new(
-                    key,
-                    value,
-                    format!(
-                        "{} exceeds the memory of {} ({})",
-                        crate::quantity::format_bytes(m),
-                        describe(&r.device, &r.uuid),
-                        crate::quantity::format_bytes(r.memory_bytes)
-                    ),
-                ));
-            }
-        }
+        check_memory_fits(&devices, &memory)?;
     }
 
-    let mut foreign: Vec<ForeignCdiDevice> = Vec::new();
-    for p in &parts {
-        foreign.extend(p.foreign.iter().cloned());
-    }
+    let foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
     let mut intake = Intake::default();
-    let dialects_used: Vec<Dialect> = {
-        let mut d: Vec<Dialect> = parts
-            .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| p.dialect)
-            .collect();
-        d.sort();
-        d.dedup();
-        d
-    };
+    if !dropped.is_empty() {
+        intake.notes.push(format!(
+            "ignored {} of a podman (libpod) container: podman copies image annotations into the \
+             container's (allocation.trust-libpod-annotations = false; use CDI --device)",
+            dropped.join(", ")
+        ));
+    }
     let nvd_consumed = parts
         .iter()
         .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
@@ -271,13 +188,12 @@ pub fn read(
         !devices.is_empty(),
         &mut intake,
     );
-
     if devices.is_empty() && foreign.is_empty() {
         return Ok(intake);
     }
     let capabilities = capabilities(&inputs, config, &mut intake)?;
     intake.allocation = Some(Allocation {
-        dialects: dialects_used,
+        dialects: dialects_used(&parts),
         devices: devices
             .iter()
             .enumerate()
@@ -295,78 +211,71 @@ pub fn read(
     Ok(intake)
 }
 
-fn disagree<T>(
-    d: Dialect,
-    f: &Facet<T>,
-    base: Dialect,
-    base_key: &str,
-    base_value: &str,
-    what: &str,
-) -> AllocationError {
-    AllocationError::new(
-        &f.key,
-        &f.value,
-        format!(
-            "the {d} dialect disagrees with the {base} dialect ({base_key}={:?}): {what}",
-            short(base_value)
-        ),
-    )
+/// What every enabled (and, for env-borne dialects, trusted) dialect says.
+fn read_parts(
+    inputs: &Inputs,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+) -> Result<Vec<Part>, AllocationError> {
+    let ac = &config.allocation;
+    let mut parts: Vec<Part> = Vec::new();
+    if ac.enabled(Dialect::Gpufence) {
+        parts.push(dialects::gpufence_devices(inputs, inventory)?);
+    }
+    if ac.enabled(Dialect::Cdi) {
+        parts.push(dialects::cdi(inputs, inventory, cdi_specs)?);
+    }
+    if ac.honours(Dialect::Hami) {
+        parts.push(dialects::hami(inputs, inventory)?);
+    }
+    if ac.honours(Dialect::Gpushare) {
+        parts.push(dialects::gpushare(inputs, inventory, config)?);
+    }
+    if ac.enabled(Dialect::Nvidia) {
+        parts.push(dialects::nvidia(
+            inputs,
+            inventory,
+            ac.honours(Dialect::Nvidia),
+        )?);
+    }
+    Ok(parts)
 }
 
-/// Per-device values every dialect that expresses the facet agrees on, with the source of the
-/// first expressing it (`(value, key, value)` per device, or an empty list when none does).
-fn agree<'a, T: Copy + PartialEq + std::fmt::Debug + 'a>(
-    parts: &'a [Part],
+/// A quota larger than its device is refused (unless the container may spill to host memory).
+fn check_memory_fits(
     devices: &[Resolved],
-    facet: impl Fn(&'a Part) -> Option<&'a Facet<Vec<Option<T>>>>,
-) -> Result<Vec<(Option<T>, String, String)>, AllocationError> {
-    let mut out: Vec<(Option<T>, String, String)> = Vec::new();
-    let mut base: Option<Dialect> = None;
-    for p in parts {
-        let Some(f) = facet(p) else { continue };
-        // Map the dialect's own order onto the combined order.
-        let own: Vec<DeviceRef> = match &p.devices {
-            Some(d) => d.values.iter().map(|r| r.device).collect(),
-            None => devices.iter().map(|r| r.device).collect(),
-        };
-        let mut mapped = Vec::with_capacity(devices.len());
-        for r in devices {
-            let v = own
-                .iter()
-                .position(|d| *d == r.device)
-                .and_then(|i| f.values.get(i).copied())
-                .flatten();
-            mapped.push(v);
-        }
-        match base {
-            None => {
-                base = Some(p.dialect);
-                out = mapped
-                    .into_iter()
-                    .map(|v| (v, f.key.clone(), f.value.clone()))
-                    .collect();
-            }
-            Some(bd) => {
-                for (i, v) in mapped.iter().enumerate() {
-                    if out[i].0 != *v {
-                        return Err(disagree(
-                            p.dialect,
-                            f,
-                            bd,
-                            &out[i].1,
-                            &out[i].2,
-                            &format!(
-                                "{} gets {v:?} here but {:?} there",
-                                describe(&devices[i].device, &devices[i].uuid),
-                                out[i].0
-                            ),
-                        ));
-                    }
-                }
-            }
+    memory: &[(Option<u64>, String, String)],
+) -> Result<(), AllocationError> {
+    for (r, (m, key, value)) in devices.iter().zip(memory) {
+        if let Some(m) = *m
+            && m > r.memory_bytes
+        {
+            return Err(AllocationError::new(
+                key,
+                value,
+                format!(
+                    "{} exceeds the memory of {} ({})",
+                    crate::quantity::format_bytes(m),
+                    describe(&r.device, &r.uuid),
+                    crate::quantity::format_bytes(r.memory_bytes)
+                ),
+            ));
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The dialects that expressed something, sorted and deduplicated.
+fn dialects_used(parts: &[Part]) -> Vec<Dialect> {
+    let mut d: Vec<Dialect> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| p.dialect)
+        .collect();
+    d.sort();
+    d.dedup();
+    d
 }
 
 /// Driver capabilities: `gpufence.dev/capabilities` (trusted annotation), else

@@ -24,9 +24,9 @@ enum Cmd {
     Inventory(gpufence::inventory::cli::Args),
     /// Describe the node's GPUs as a CDI spec.
     #[command(subcommand)]
-    Cdi(gpufence::cdi::cli::Cmd),
+    Cdi(gpufence::cdigen::cli::Cmd),
     /// Dry run: the normalised allocation and the edits the runtime would make.
-    Plan(gpufence::allocation::cli::Args),
+    Plan(gpufence::plan::cli::Args),
     /// OCI hook entry points for CRI-O / podman hooks.d.
     #[command(subcommand)]
     Hook(gpufence::hook::cli::Cmd),
@@ -45,8 +45,8 @@ fn main() {
     let config = cli.config.as_deref();
     let r = match cli.cmd {
         Cmd::Inventory(a) => gpufence::inventory::cli::run(config, a),
-        Cmd::Cdi(c) => gpufence::cdi::cli::run(config, c),
-        Cmd::Plan(a) => gpufence::allocation::cli::run(config, a),
+        Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
+        Cmd::Plan(a) => gpufence::plan::cli::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
         Cmd::Ps(a) => gpufence::status::ps::run(config, a),

@@ -11,16 +11,16 @@
 //! 3. on any failure the parent removes what it created on the host (the container state
 //!    directory) and the hook exits non-zero, which aborts the container's creation.
 
-use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 
 use nix::sys::stat::SFlag;
 use tracing::{info, warn};
 
 use super::HookError;
-use super::mounts::{Attrs, Detached};
-use super::safepath::{Node, Root};
+use crate::enter::mounts::{Attrs, Detached};
+use crate::enter::safepath::{Node, Root};
+use crate::enter::sys::{LinuxNs, NsSys};
 use crate::plan::Plan;
 
 /// A validated device node to create in the container.
@@ -51,45 +51,37 @@ pub struct Prepared {
     pub userns_root: Option<(u32, u32)>,
 }
 
-/// Host id that a user namespace maps its id 0 to, from `/proc/<pid>/uid_map` text.
-pub fn root_mapping(map: &str) -> Option<u32> {
-    map.lines().find_map(|l| {
-        let f: Vec<u32> = l
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        (f.len() == 3 && f[0] == 0 && f[2] > 0).then_some(f[1])
-    })
-}
-
 /// For a user-namespaced container: the device nodes as read-write bind mounts of the host
 /// nodes (a node created inside the container's user namespace would not open).
 pub fn nodes_as_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut out = Vec::new();
     for e in &plan.edits.device_nodes {
-        super::safepath::components(&e.path)?;
+        crate::enter::safepath::components(&e.path)?;
         let Some(h) = &e.host_path else {
             return Err(HookError::Plan(format!(
                 "device node {}: no host path to bind-mount into a user-namespaced container",
                 e.path
             )));
         };
-        super::safepath::components(h)?;
+        crate::enter::safepath::components(h)?;
         let attrs = Attrs {
             nosuid: true,
             noexec: true,
             ..Attrs::default()
         };
-        out.push((e.path.clone(), super::mounts::detach(Path::new(h), attrs)?));
+        out.push((
+            e.path.clone(),
+            crate::enter::mounts::detach(Path::new(h), attrs)?,
+        ));
     }
     Ok(out)
 }
 
 /// The plan's ld cache refresh (its createContainer `update-ldcache` hook), done by the hook
-/// itself: the host's ldconfig is opened before `setns` and run with `-r ROOTFS`.
+/// itself after its mounts ([`crate::enter::ldcache::update`], in-process, libraries found in the
+/// folders).
 #[derive(Debug)]
 pub struct LdcacheRun {
-    pub ldconfig: OwnedFd,
     pub folders: Vec<String>,
 }
 
@@ -119,7 +111,7 @@ fn dev_kind(
 pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
     let mut out = Vec::new();
     for e in &plan.edits.device_nodes {
-        let comps = super::safepath::components(&e.path)?;
+        let comps = crate::enter::safepath::components(&e.path)?;
         if comps.first() != Some(&"dev") || comps.len() < 2 {
             return Err(HookError::Plan(format!(
                 "device node {:?}: must be under /dev",
@@ -128,7 +120,7 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
         }
         let host = match &e.host_path {
             Some(h) => {
-                super::safepath::components(h)?;
+                crate::enter::safepath::components(h)?;
                 Some(
                     nix::sys::stat::stat(h.as_str()).map_err(|errno| HookError::Host {
                         path: h.clone(),
@@ -172,62 +164,65 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
 pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut edits: Vec<&crate::cdi::MountEdit> = plan.edits.mounts.iter().collect();
     edits.sort_by_key(|m| {
-        super::safepath::components(&m.container_path)
+        crate::enter::safepath::components(&m.container_path)
             .map(|c| c.len())
             .unwrap_or(0)
     });
     let mut out = Vec::new();
     for m in edits {
-        let comps = super::safepath::components(&m.container_path)?;
+        let comps = crate::enter::safepath::components(&m.container_path)?;
         if comps.is_empty() {
             return Err(HookError::Plan("a mount onto / is not allowed".into()));
         }
-        super::safepath::components(&m.host_path)?;
+        if m.kind.as_deref() == Some("tmpfs") {
+            let d = crate::enter::tmpfs::detach_tmpfs(&m.container_path, &m.options)?;
+            out.push((m.container_path.clone(), d));
+            continue;
+        }
+        crate::enter::safepath::components(&m.host_path)?;
         let attrs = Attrs::parse(&m.container_path, m.kind.as_deref(), &m.options)?;
-        let d = super::mounts::detach(Path::new(&m.host_path), attrs)?;
+        let d = crate::enter::mounts::detach(Path::new(&m.host_path), attrs)?;
         out.push((m.container_path.clone(), d));
     }
     Ok(out)
 }
 
 /// The in-namespace step: device nodes and mounts inside `root`.
-pub fn apply_in_root(root: &Root, p: Prepared, id: &str) -> Result<(), HookError> {
+pub fn apply_in_root(sys: &dyn NsSys, root: &Root, p: Prepared, id: &str) -> Result<(), HookError> {
     // Modes are exact, not masked.
-    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    sys.clear_umask();
     for n in &p.nodes {
-        let fd = root.ensure(&n.path, Node::Device(n.kind, n.major, n.minor, n.mode))?;
+        let fd = sys.ensure(
+            root,
+            &n.path,
+            Node::Device(n.kind, n.major, n.minor, n.mode),
+        )?;
         if n.uid.is_some() || n.gid.is_some() {
-            nix::unistd::fchownat(
-                &fd,
-                "",
-                n.uid.map(nix::unistd::Uid::from_raw),
-                n.gid.map(nix::unistd::Gid::from_raw),
-                nix::fcntl::AtFlags::AT_EMPTY_PATH,
-            )
-            .map_err(|errno| HookError::Host {
-                path: n.path.clone(),
-                op: "chown device node",
-                errno,
-            })?;
+            sys.chown(&fd, n.uid, n.gid)
+                .map_err(|errno| HookError::Host {
+                    path: n.path.clone(),
+                    op: "chown device node",
+                    errno,
+                })?;
         }
         info!(container = id, path = %n.path, major = n.major, minor = n.minor, "device node created");
     }
     for (target, d) in p.mounts {
         let node = if d.is_dir { Node::Dir } else { Node::File };
-        let fd = root.ensure(&target, node)?;
+        let fd = sys.ensure(root, &target, node)?;
         let src = d.host_path.clone();
-        d.attach(&fd, &target)?;
+        sys.attach(d, &fd, &target)?;
         info!(container = id, source = %src, target = %target, "bind mount attached");
     }
     Ok(())
 }
 
 /// Refresh the container's ld cache (in its mount namespace, before pivot_root).
-fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
-    let ldconfig = PathBuf::from(format!("/proc/self/fd/{}", l.ldconfig.as_raw_fd()));
-    super::ldcache::update(rootfs, &l.folders, &ldconfig)
+fn run_ldcache(sys: &dyn NsSys, l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError> {
+    let o = sys
+        .refresh_ldcache(rootfs, &l.folders)
         .map_err(|e| HookError::Ldcache(e.to_string()))?;
-    info!(container = id, folders = ?l.folders, "ld cache refreshed");
+    crate::enter::ldcache::log_outcome(id, rootfs, &l.folders, &o);
     Ok(())
 }
 
@@ -236,119 +231,78 @@ fn run_ldcache(l: &LdcacheRun, rootfs: &Path, id: &str) -> Result<(), HookError>
 pub enum Namespace {
     /// The container's (`setns` into this fd of `/proc/<pid>/ns/mnt`): hook mode.
     Join(OwnedFd),
-    /// A new one of the worker's own (`unshare(CLONE_NEWNS)`, every mount made private): its
-    /// mounts vanish with the worker, only what was written into the rootfs stays (the wrapper's
-    /// ld cache refresh before runc runs).
-    Private,
 }
 
 /// Fork a single-threaded child that enters `ns`, refuses shared mounts under `rootfs`,
-/// applies `p` and refreshes the ld cache. Returns the child's error line.
+/// applies `p` and refreshes the ld cache. Returns the child's error line. The child runs under
+/// `deadline` ([`crate::child::fork_with_deadline`]: own process group killed when it passes,
+/// no inherited stdio, dies with this process).
 pub fn apply_in_namespace(
     ns: Namespace,
     rootfs: &Path,
     p: Prepared,
     id: &str,
+    deadline: std::time::Duration,
 ) -> Result<(), HookError> {
-    let (rd, wr) = nix::unistd::pipe().map_err(|errno| HookError::Host {
-        path: "pipe".into(),
-        op: "pipe",
-        errno,
-    })?;
-    // SAFETY: the hook is single-threaded (no thread is ever spawned before this point), so the
-    // child may run arbitrary code; it leaves with _exit.
-    match unsafe { nix::unistd::fork() } {
-        Err(errno) => Err(HookError::Host {
-            path: "fork".into(),
-            op: "fork",
-            errno,
-        }),
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(rd);
-            let r = child_body(ns, rootfs, p, id);
-            // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
-            let code = match r {
-                Ok(()) => 0,
-                Err(e) => {
-                    let mut f = std::fs::File::from(wr);
-                    let _ = std::io::Write::write_all(&mut f, e.to_string().as_bytes());
-                    e.code()
-                }
-            };
-            // SAFETY: leave the forked child without running the parent's exit handlers.
-            unsafe { libc::_exit(code) }
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            drop(wr);
-            drop(p);
-            let mut msg = String::new();
-            let _ = std::fs::File::from(rd)
-                .take(64 * 1024)
-                .read_to_string(&mut msg);
-            let status = nix::sys::wait::waitpid(child, None).map_err(|errno| HookError::Host {
-                path: "waitpid".into(),
-                op: "waitpid",
-                errno,
-            })?;
-            match status {
-                nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
-                nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
-                    Err(HookError::Namespace {
-                        code: if code == 1 { 1 } else { 2 },
-                        message: msg,
-                    })
-                }
-                other => Err(HookError::Namespace {
-                    code: 2,
-                    message: format!("namespace worker ended with {other:?}"),
-                }),
+    let worker = crate::child::fork_with_deadline("namespace worker", deadline, |out| {
+        // The exit status carries the error's exit code (1 input, 2 host), the pipe its line.
+        match child_body(&LinuxNs, ns, rootfs, p, id) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = std::io::Write::write_all(out, e.to_string().as_bytes());
+                e.code()
             }
         }
-    }
-}
-
-fn enter(ns: Namespace) -> Result<(), HookError> {
-    match ns {
-        Namespace::Join(fd) => {
-            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|errno| {
-                HookError::Host {
-                    path: "container mount namespace".into(),
-                    op: "setns",
-                    errno,
-                }
+    })
+    .map_err(|e| HookError::Namespace {
+        code: 2,
+        message: e.to_string(),
+    })?;
+    let msg = String::from_utf8_lossy(&worker.out).into_owned();
+    match worker.status {
+        nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
+        nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
+            Err(HookError::Namespace {
+                code: if code == 1 { 1 } else { 2 },
+                message: msg,
             })
         }
-        Namespace::Private => {
-            let err = |op, errno| HookError::Host {
-                path: "private mount namespace".into(),
-                op,
-                errno,
-            };
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-                .map_err(|e| err("unshare", e))?;
-            // The copies are still peers of the host's mounts until made private: only then
-            // can nothing mounted here propagate back.
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .map_err(|e| err("make / rprivate", e))
-        }
+        _ => Err(HookError::Namespace {
+            code: 2,
+            message: format!("namespace worker ended with {}", worker.describe()),
+        }),
     }
 }
 
-fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(), HookError> {
-    enter(ns)?;
-    super::caps::restrict(super::caps::IN_NAMESPACE)?;
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HookError::Host {
+fn enter(sys: &dyn NsSys, ns: Namespace) -> Result<(), HookError> {
+    match ns {
+        Namespace::Join(fd) => sys.setns_mnt(&fd).map_err(|errno| HookError::Host {
+            path: "container mount namespace".into(),
+            op: "setns",
+            errno,
+        }),
+    }
+}
+
+/// In the worker: join the container's mount namespace, keep only the in-namespace
+/// capabilities, refuse a rootfs whose mounts propagate elsewhere, take the container root's fs
+/// ids (user namespaces), then device nodes, mounts (parents first, as prepared) and the ld
+/// cache (with the ld cache capabilities only).
+fn child_body(
+    sys: &dyn NsSys,
+    ns: Namespace,
+    rootfs: &Path,
+    p: Prepared,
+    id: &str,
+) -> Result<(), HookError> {
+    enter(sys, ns)?;
+    sys.restrict_caps(crate::enter::caps::IN_NAMESPACE)?;
+    let mi = sys.mountinfo().map_err(|e| HookError::Host {
         path: "/proc/self/mountinfo".into(),
         op: "read",
         errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
     })?;
-    let shared = super::mounts::shared_mounts_under(&mi, rootfs);
+    let shared = crate::enter::mounts::shared_mounts_under(&mi, rootfs);
     if !shared.is_empty() {
         return Err(HookError::Plan(format!(
             "mounts under the rootfs propagate to other namespaces (shared: {}); refusing to mount",
@@ -358,23 +312,17 @@ fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(),
     if let Some((uid, gid)) = p.userns_root {
         // New inodes (mount targets, directories) belong to the container's root. The fs
         // capabilities leave the effective set with the change; none is needed from here.
-        // SAFETY: plain syscalls on this (single-threaded) process's credentials. They report
-        // no error: a second call returns the id now in force.
-        let (g, u) = unsafe {
-            libc::setfsgid(gid);
-            libc::setfsuid(uid);
-            (libc::setfsgid(gid) as u32, libc::setfsuid(uid) as u32)
-        };
-        if (u, g) != (uid, gid) {
+        if sys.set_fs_ids(uid, gid) != (uid, gid) {
             return Err(HookError::Namespace {
                 code: 2,
                 message: format!("cannot take the container root's ids {uid}:{gid}"),
             });
         }
     }
-    let root = Root::open(rootfs)?;
+    let root = sys.open_root(rootfs)?;
     let ldcache = p.ldcache;
     apply_in_root(
+        sys,
         &root,
         Prepared {
             nodes: p.nodes,
@@ -385,8 +333,8 @@ fn child_body(ns: Namespace, rootfs: &Path, p: Prepared, id: &str) -> Result<(),
         id,
     )?;
     if let Some(l) = ldcache {
-        super::caps::restrict(super::caps::LDCACHE)?;
-        run_ldcache(&l, rootfs, id)?;
+        sys.restrict_caps(crate::enter::caps::LDCACHE)?;
+        run_ldcache(sys, &l, rootfs, id)?;
     }
     Ok(())
 }
@@ -408,18 +356,140 @@ pub fn log_unapplied(plan: &Plan, id: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::enter::sys::{NsCall, RecordingNs};
+
+    fn ns() -> Namespace {
+        Namespace::Join(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    fn prepared(userns: Option<(u32, u32)>) -> Prepared {
+        Prepared {
+            nodes: vec![NodeSpec {
+                path: "/dev/nvidia1".into(),
+                kind: SFlag::S_IFCHR,
+                major: 195,
+                minor: 1,
+                mode: 0o666,
+                uid: Some(7),
+                gid: None,
+            }],
+            mounts: vec![
+                (
+                    "/usr/lib/gpufence".into(),
+                    Detached::stand_in("/host/lib/gpufence", true).unwrap(),
+                ),
+                (
+                    "/usr/lib/gpufence/libgpufence.so".into(),
+                    Detached::stand_in("/host/libgpufence.so", false).unwrap(),
+                ),
+            ],
+            ldcache: Some(LdcacheRun {
+                folders: vec!["/usr/lib64".into()],
+            }),
+            userns_root: userns,
+        }
+    }
+
     #[test]
-    fn root_mapping_from_uid_map() {
+    fn namespace_then_caps_then_nodes_then_mounts_then_ldcache() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("");
+        child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap();
         assert_eq!(
-            super::root_mapping("         0     200000      65536\n"),
-            Some(200000)
+            sys.calls(),
+            vec![
+                NsCall::SetnsMnt,
+                NsCall::RestrictCaps(crate::enter::caps::IN_NAMESPACE.to_vec()),
+                NsCall::Mountinfo,
+                NsCall::OpenRoot(root.path().to_path_buf()),
+                NsCall::ClearUmask,
+                NsCall::Ensure {
+                    path: "/dev/nvidia1".into(),
+                    kind: "dev 195:1 666".into()
+                },
+                NsCall::Chown(Some(7), None),
+                NsCall::Ensure {
+                    path: "/usr/lib/gpufence".into(),
+                    kind: "dir".into()
+                },
+                NsCall::Attach {
+                    source: "/host/lib/gpufence".into(),
+                    target: "/usr/lib/gpufence".into()
+                },
+                NsCall::Ensure {
+                    path: "/usr/lib/gpufence/libgpufence.so".into(),
+                    kind: "file".into()
+                },
+                NsCall::Attach {
+                    source: "/host/libgpufence.so".into(),
+                    target: "/usr/lib/gpufence/libgpufence.so".into()
+                },
+                NsCall::RestrictCaps(crate::enter::caps::LDCACHE.to_vec()),
+                NsCall::RefreshLdcache(vec!["/usr/lib64".into()]),
+            ]
         );
-        assert_eq!(
-            super::root_mapping("1000 1000 1\n0 300000 1\n"),
-            Some(300000)
+    }
+
+    #[test]
+    fn user_namespaced_container_takes_its_roots_ids_before_creating_anything() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("");
+        child_body(
+            &sys,
+            ns(),
+            root.path(),
+            prepared(Some((100000, 100000))),
+            "c1",
+        )
+        .unwrap();
+        let calls = sys.calls();
+        let ids = calls
+            .iter()
+            .position(|c| *c == NsCall::SetFsIds(100000, 100000))
+            .unwrap();
+        let first_create = calls
+            .iter()
+            .position(|c| matches!(c, NsCall::Ensure { .. }))
+            .unwrap();
+        assert!(ids < first_create, "{calls:?}");
+    }
+
+    #[test]
+    fn shared_mounts_under_the_rootfs_stop_before_anything_is_created() {
+        let root = tempfile::tempdir().unwrap();
+        let mi = format!(
+            "30 25 0:27 / {}/proc rw shared:5 - proc proc rw\n",
+            root.path().display()
         );
-        assert_eq!(super::root_mapping("1 100000 65536\n"), None);
-        assert_eq!(super::root_mapping("0 5 0\n"), None);
-        assert_eq!(super::root_mapping(""), None);
+        let sys = RecordingNs::new(&mi);
+        let e = child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap_err();
+        assert!(e.to_string().contains("propagate"), "{e}");
+        assert!(
+            !sys.calls()
+                .iter()
+                .any(|c| matches!(c, NsCall::Ensure { .. } | NsCall::Attach { .. }))
+        );
+    }
+
+    #[test]
+    fn a_failed_setns_does_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = RecordingNs::new("").failing(NsCall::SetnsMnt);
+        let e = child_body(&sys, ns(), root.path(), prepared(None), "c1").unwrap_err();
+        assert!(e.to_string().contains("setns"), "{e}");
+        assert_eq!(sys.calls(), vec![NsCall::SetnsMnt]);
+    }
+
+    #[test]
+    fn a_refused_mount_stops_the_ones_below_it() {
+        let root = tempfile::tempdir().unwrap();
+        let refused = NsCall::Attach {
+            source: "/host/lib/gpufence".into(),
+            target: "/usr/lib/gpufence".into(),
+        };
+        let sys = RecordingNs::new("").failing(refused.clone());
+        assert!(child_body(&sys, ns(), root.path(), prepared(None), "c1").is_err());
+        assert_eq!(sys.calls().last(), Some(&refused));
     }
 }

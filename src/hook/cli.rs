@@ -43,7 +43,7 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         ),
         Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
-        Cmd::UpdateLdcache { folder } => super::ldcache::run(config, &folder),
+        Cmd::UpdateLdcache { folder } => crate::enter::ldcache::run(config, &folder),
     }
 }
 

@@ -8,15 +8,10 @@
 //! or binaries is used, and any failure aborts the container's creation.
 
 pub mod apply;
-pub mod bpf;
-pub mod caps;
-pub mod cgroup;
+
 pub mod cli;
 pub mod inputs;
 pub mod install;
-pub mod ldcache;
-pub mod mounts;
-pub mod safepath;
 pub mod state;
 
 use std::io::Read;
@@ -41,11 +36,11 @@ pub enum HookError {
     #[error("plan: {0}")]
     Plan(String),
     #[error(transparent)]
-    Path(#[from] safepath::PathError),
+    Path(#[from] crate::enter::safepath::PathError),
     #[error(transparent)]
-    Mount(#[from] mounts::MountError),
+    Mount(#[from] crate::enter::mounts::MountError),
     #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
+    Cgroup(#[from] crate::cgroup::CgroupError),
     #[error("{path}: {op}: {errno}")]
     Host {
         path: String,
@@ -58,8 +53,8 @@ pub enum HookError {
     HostFiles { code: i32, message: String },
     #[error("ld cache refresh: {0}")]
     Ldcache(String),
-    #[error("capabilities: {0}")]
-    Caps(String),
+    #[error(transparent)]
+    Caps(#[from] crate::enter::caps::CapsError),
 }
 
 impl HookError {
@@ -96,7 +91,7 @@ impl Stage {
 /// The hook entry: state JSON from `stdin`, enforcement, `Exit` on failure.
 pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Result<(), Exit> {
     // Nothing this process does needs more than HOST; drop the rest before reading input.
-    caps::restrict(caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
+    crate::enter::caps::restrict(crate::enter::caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
     let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
         .map_err(|e| Exit::invalid(e.to_string()))?;
     let st = state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))?;
@@ -136,6 +131,7 @@ fn enforce_state(
         info!(
             container = id,
             stage = stage.name(),
+            notes = ?plan.notes,
             "no allocation: nothing granted"
         );
         return Ok(());
@@ -186,19 +182,19 @@ fn enforce_state(
     r
 }
 
-/// Whether `config.json` already mounts this container's state directory (the runtime applied
-/// the plan). The source must be `state_dir` itself: an image `VOLUME /run/gpufence` is a mount
-/// at the same destination too.
+/// Whether `config.json` already mounts this container's quota (the runtime applied the plan).
+/// The source must be `state_dir/quota` itself: an image `VOLUME /run/gpufence/quota` is a
+/// mount at the same destination too.
 fn applied_by_runtime(spec: &serde_json::Value, state_dir: &Path) -> bool {
     spec.get("mounts")
         .and_then(|m| m.as_array())
         .is_some_and(|m| {
             m.iter().any(|m| {
                 m.get("destination").and_then(|d| d.as_str())
-                    == Some(crate::plan::CONTAINER_STATE_DIR)
+                    == Some(crate::plan::CONTAINER_QUOTA_FILE)
                     && m.get("source")
                         .and_then(|s| s.as_str())
-                        .is_some_and(|s| Path::new(s) == state_dir)
+                        .is_some_and(|s| Path::new(s) == state_dir.join("quota"))
             })
         })
 }
@@ -215,9 +211,9 @@ fn enforce_plan(
     let mut nodes = apply::node_specs(plan)?;
     // The same state directory and host files as gpufence-runtime writes (same code): only
     // under state-dir, no symlink followed below it, atomic writes.
-    crate::runtime::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
-        code: e.code,
-        message: e.message,
+    crate::hostfiles::write_host_files(cfg, id, plan).map_err(|e| HookError::HostFiles {
+        code: e.code(),
+        message: e.to_string(),
     })?;
     let mut mounts = apply::detach_mounts(plan)?;
     let ldcache = ldcache_run(plan)?;
@@ -261,12 +257,12 @@ fn enforce_plan(
             errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         })
     };
-    let cg = cgroup::locate(
+    let cg = crate::cgroup::locate(
         &read(format!("/proc/{pid}/cgroup"))?,
         &read("/proc/self/mountinfo".into())?,
     )?;
     if let Some(v1) = &cg.v1 {
-        cgroup::allow_v1(v1, &plan.cgroup_rules)?;
+        crate::cgroup::allow_v1(v1, &plan.cgroup_rules)?;
         info!(container = id, cgroup = %v1.display(), rules = ?plan.cgroup_rules.iter().map(|r| r.to_string()).collect::<Vec<_>>(), "v1 device rules allowed");
     }
     if let Some(v2) = &cg.v2 {
@@ -275,49 +271,39 @@ fn enforce_plan(
             .iter()
             .copied()
             .chain(plan.cgroup_rules.iter().map(|r| r.major));
-        let majors = cgroup::gated_majors(&proc_devices, extra);
-        let widened = cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
+        let majors = crate::cgroup::gated_majors(&proc_devices, extra);
+        let widened = crate::cgroup::gate_v2(v2, &plan.cgroup_rules, &majors)?;
         info!(container = id, cgroup = %v2.display(), gated_majors = ?majors, runtime_programs_widened = widened, "v2 device gate attached");
     }
-    caps::restrict(caps::IN_NAMESPACE)?;
+    crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
     let prepared = apply::Prepared {
         nodes,
         mounts,
         ldcache,
         userns_root,
     };
-    apply::apply_in_namespace(apply::Namespace::Join(ns), rootfs, prepared, id)?;
+    apply::apply_in_namespace(
+        apply::Namespace::Join(ns),
+        rootfs,
+        prepared,
+        id,
+        cfg.timeouts.worker(),
+    )?;
     info!(container = id, "hook enforcement complete");
     Ok(())
 }
 
 /// Host uid/gid of the container's root when the container has its own user namespace.
 fn userns_root(pid: i64) -> Result<Option<(u32, u32)>, HookError> {
-    let stat = |p: String| {
-        nix::sys::stat::stat(p.as_str()).map_err(|errno| HookError::Host {
-            path: p.clone(),
-            op: "stat",
-            errno,
-        })
-    };
-    let own = stat("/proc/self/ns/user".into())?;
-    let theirs = stat(format!("/proc/{pid}/ns/user"))?;
-    if (own.st_dev, own.st_ino) == (theirs.st_dev, theirs.st_ino) {
-        return Ok(None);
-    }
-    let map = |which: &str| -> Result<u32, HookError> {
-        let p = format!("/proc/{pid}/{which}");
-        let text = std::fs::read_to_string(&p).map_err(|e| HookError::Host {
-            path: p.clone(),
-            op: "read",
-            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-        })?;
-        apply::root_mapping(&text).ok_or_else(|| HookError::Namespace {
+    crate::enter::userns::root_of(pid).map_err(|e| match e {
+        crate::enter::userns::UsernsError::Host { path, op, errno } => {
+            HookError::Host { path, op, errno }
+        }
+        e @ crate::enter::userns::UsernsError::Unmapped(_) => HookError::Namespace {
             code: 1,
-            message: format!("{p}: the container's root is not mapped"),
-        })
-    };
-    Ok(Some((map("uid_map")?, map("gid_map")?)))
+            message: e.to_string(),
+        },
+    })
 }
 
 fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
@@ -355,18 +341,7 @@ pub(crate) fn ldcache_run(
     if folders.is_empty() {
         return Ok(None);
     }
-    let path = ldcache::host_ldconfig().map_err(|e| HookError::Ldcache(e.to_string()))?;
-    let ldconfig = nix::fcntl::open(
-        &path,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|errno| HookError::Host {
-        path: path.display().to_string(),
-        op: "open ldconfig",
-        errno,
-    })?;
-    Ok(Some(apply::LdcacheRun { ldconfig, folders }))
+    Ok(Some(apply::LdcacheRun { folders }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

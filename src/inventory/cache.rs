@@ -6,7 +6,6 @@
 //! MIG reconfiguration (capability nodes come and go) or a reloaded module (new dynamic majors)
 //! all change the key.
 
-use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
@@ -139,24 +138,20 @@ pub fn write(cfg: &Config, key: &CacheKey, inv: &Inventory) -> Result<(), Invent
         let path = path.to_path_buf();
         move |source| InventoryError::Io { path, source }
     };
-    crate::config::create_state_dir(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
+    crate::hostfiles::create_state_dir(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
     let body = serde_json::to_vec(&CacheFile {
         format: FORMAT,
         key: key.clone(),
         inventory: inv.clone(),
     })
     .expect("inventory serialises");
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".inventory.")
-        .tempfile_in(&cfg.state_dir)
-        .map_err(io(&cfg.state_dir))?;
-    tmp.write_all(&body).map_err(io(tmp.path()))?;
-    tmp.as_file().sync_all().map_err(io(tmp.path()))?;
     let dst = path(cfg);
-    tmp.persist(&dst).map_err(|e| InventoryError::Io {
-        path: dst.clone(),
-        source: e.error,
-    })?;
+    let opts = crate::hostfiles::Options {
+        mode: 0o600,
+        owner: None,
+        sync: true,
+    };
+    crate::hostfiles::write_atomic(&dst, &body, opts).map_err(io(&dst))?;
     Ok(())
 }
 

@@ -248,6 +248,36 @@ pub struct DriverFile {
 }
 
 impl Inventory {
+    /// A node with nothing: no driver, no GPU.
+    pub fn empty() -> Inventory {
+        Inventory {
+            driver_version: String::new(),
+            cuda_driver_version: 0,
+            gpus: Vec::new(),
+            control_nodes: Vec::new(),
+            driver_files: Vec::new(),
+        }
+    }
+
+    /// Majors of every device node the inventory knows (GPU, MIG capability, control).
+    pub fn device_majors(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                std::iter::once(g.node.major).chain(
+                    g.mig_devices
+                        .iter()
+                        .flat_map(|m| m.caps.iter().map(|c| c.major)),
+                )
+            })
+            .chain(self.control_nodes.iter().map(|n| n.major))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     pub fn gpu_by_index(&self, index: u32) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.index == index)
     }

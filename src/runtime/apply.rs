@@ -74,6 +74,16 @@ pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
 
     if !plan.edits.mounts.is_empty() {
         let mounts = arr(child_arr(root, "mounts"), "mounts")?;
+        if plan.state_dir.is_some() {
+            // Image volumes and spec mounts at or below what gpufence mounts (the state tmpfs,
+            // the quota, the shim, ld.so.preload) would hide or replace it: dropped, then ours
+            // appended parent-first (the plan's order).
+            mounts.retain(|m| {
+                !m.get("destination")
+                    .and_then(|d| d.as_str())
+                    .is_some_and(crate::plan::is_reserved_destination)
+            });
+        }
         for m in &plan.edits.mounts {
             upsert_by(mounts, mount_json(m), "destination");
         }
@@ -419,6 +429,54 @@ mod tests {
         assert_eq!(devs.len(), 2);
         assert_eq!(devs[0]["major"], 195);
         assert_eq!(s["mounts"][0]["source"], "/run/gpufence/c1");
+    }
+
+    /// Issue 15.4: image volumes at or below gpufence's destinations are dropped and ours are
+    /// mounted parent-first, so the read-only quota ends up on top of the state tmpfs.
+    #[test]
+    fn image_mounts_at_gpufence_destinations_are_dropped() {
+        let mut s = base_spec();
+        let vol = |d: &str| json!({"destination": d, "type": "bind", "source": "/var/vol", "options": ["rbind", "rw"]});
+        s["mounts"] = json!([
+            vol("/run/gpufence/quota"),
+            vol("/run/gpufence//x/"),
+            vol("/usr/lib/gpufence/libgpufence.so"),
+            vol("/etc/ld.so.preload"),
+            vol("/run/gpufencex"),
+            vol("/data"),
+        ]);
+        let mut p = gpu_plan();
+        p.state_dir = Some("/run/gpufence/c1".into());
+        p.edits.mounts = vec![
+            crate::plan::state_tmpfs(false),
+            MountEdit {
+                host_path: "/run/gpufence/c1/quota".into(),
+                container_path: "/run/gpufence/quota".into(),
+                kind: None,
+                options: vec!["ro".into()],
+            },
+        ];
+        apply_to_spec(&mut s, &p).unwrap();
+        let got: Vec<(&str, &str)> = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["destination"].as_str().unwrap(),
+                    m["source"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/run/gpufencex", "/var/vol"),
+                ("/data", "/var/vol"),
+                ("/run/gpufence", "tmpfs"),
+                ("/run/gpufence/quota", "/run/gpufence/c1/quota"),
+            ]
+        );
     }
 
     #[test]

@@ -1,35 +1,29 @@
 //! The ld cache refresh, done by the wrapper before it execs runc instead of by a
-//! createContainer hook that runc would run.
+//! createContainer hook that runc would run (runc's hook machinery alone costs ~10 ms).
 //!
-//! runc's hook machinery alone costs ~10 ms per container; the refresh itself is one static
-//! `ldconfig -r`. So when the plan carries gpufence's own ldcache hook, the wrapper:
+//! When the plan carries gpufence's own ldcache hook, the wrapper takes it out of the edits
+//! written to `config.json` ([`take_over`]; the plan itself, `gpufence plan`, hook mode and CDI
+//! specs keep it) and, in its own process, before runc runs:
 //!
-//! 1. forks a single-threaded worker that `unshare(CLONE_NEWNS)`s and makes every mount of its
-//!    new namespace private (nothing it mounts can propagate back to the host);
-//! 2. bind-mounts, read-only, each planned mount whose target lies directly in one of the
-//!    ldcache folders (the driver libraries) onto its target inside the rootfs — the same hook
-//!    code as hook mode: sources cloned with `open_tree`, targets created and opened only
-//!    through `openat2(RESOLVE_IN_ROOT)` handles of the rootfs, attached with `move_mount`;
-//! 3. runs the same refresh as `gpufence hook update-ldcache` ([`crate::hook::ldcache::update`]:
-//!    in-root `ld.so.conf.d` drop-in, host static `ldconfig -r ROOTFS`, capabilities reduced to
-//!    [`crate::hook::caps::LDCACHE`], non-dumpable), then exits. The mounts vanish with its
-//!    namespace; the cache, the drop-in and the soname links stay in the rootfs, and runc later
-//!    bind-mounts the very same files at the very same paths, so the cache is already right.
+//! 1. reads what ldconfig would read from each library the plan mounts into the hook's
+//!    folders — from the HOST file (soname, flags, ABI note), nothing is mounted;
+//! 2. writes the container's `ld.so.cache` (the image's entries plus one per library, at its
+//!    container path), the soname links and the `ld.so.conf.d` drop-in through
+//!    `openat2(RESOLVE_IN_ROOT)` handles ([`crate::enter::ldcache::update`]).
 //!
-//! The mount targets the worker creates (empty files, missing parent directories) are ones runc
-//! creates for the same mounts anyway. The hook is then dropped from the edits written to
-//! `config.json` (the plan itself, `gpufence plan`, hook mode and CDI specs keep it).
+//! No process is spawned, no mount namespace made, no `ldconfig` run: nothing of the image is
+//! opened but regular files and directories, and nothing is followed out of the rootfs. runc
+//! then mounts the libraries at the paths the cache names.
 //!
 //! A container with its own user namespace keeps the createContainer hook: there runc runs the
-//! hook as the container's mapped root, so the files it writes belong to that root; the worker
+//! hook as the container's mapped root, so the files it writes belong to that root; the wrapper
 //! would write them as the host's root.
 
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
+use crate::enter::ldcache::{LdcacheError, Libraries};
 use crate::exit::Exit;
-use crate::hook::HookError;
-use crate::hook::apply::{self, Namespace, Prepared};
 use crate::plan::Plan;
 
 /// The refresh the wrapper does itself, taken out of the plan by [`take_over`].
@@ -37,10 +31,8 @@ use crate::plan::Plan;
 pub struct Refresh {
     pub rootfs: PathBuf,
     pub folders: Vec<String>,
-    /// The plan's mounts into the folders (the driver libraries), to attach for ldconfig.
+    /// The plan's mounts into the folders (the driver libraries): container path, host path.
     pub mounts: Vec<crate::cdi::MountEdit>,
-    /// The hook as the plan had it (for `ldcache_run`).
-    hook: crate::cdi::HookEdit,
 }
 
 /// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
@@ -113,48 +105,40 @@ pub fn take_over(
         })
         .cloned()
         .collect();
-    let hook = plan.edits.hooks.remove(i);
+    plan.edits.hooks.remove(i);
     Ok(Some(Refresh {
         rootfs,
         folders,
         mounts,
-        hook,
     }))
 }
 
 impl Refresh {
-    /// Mount the libraries in a private mount namespace and refresh the cache (module docs).
+    /// Write the cache, links and drop-in into the rootfs (module docs).
     pub fn run(self, id: &str) -> Result<(), Exit> {
-        let to_exit = |e: HookError| {
-            Exit::new(
-                e.code(),
-                format!(
-                    "container {id}: ld cache refresh in {}: {e}",
-                    self.rootfs.display()
-                ),
-            )
-        };
-        let only = |mounts: Vec<crate::cdi::MountEdit>, hooks: Vec<crate::cdi::HookEdit>| Plan {
-            edits: crate::cdi::ContainerEdits {
-                mounts,
-                hooks,
-                ..Default::default()
-            },
-            ..Plan::default()
-        };
-        let ldcache = crate::hook::ldcache_run(&only(Vec::new(), vec![self.hook.clone()]))
-            .map_err(to_exit)?;
-        let mounts =
-            apply::detach_mounts(&only(self.mounts.clone(), Vec::new())).map_err(to_exit)?;
-        let prepared = Prepared {
-            nodes: Vec::new(),
-            mounts,
-            ldcache,
-            userns_root: None,
-        };
-        apply::apply_in_namespace(Namespace::Private, &self.rootfs, prepared, id)
-            .map_err(to_exit)?;
-        tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook)");
+        let mounts: Vec<(String, PathBuf)> = self
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.clone(), PathBuf::from(&m.host_path)))
+            .collect();
+        let libs = crate::enter::ldcache::known_libraries(&mounts);
+        let outcome =
+            crate::enter::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
+                .map_err(|e| {
+                    let code = match e {
+                        LdcacheError::BadFolder(_) | LdcacheError::Resolve { .. } => 1,
+                        _ => 2,
+                    };
+                    Exit::new(
+                        code,
+                        format!(
+                            "container {id}: ld cache refresh in {}: {e}",
+                            self.rootfs.display()
+                        ),
+                    )
+                })?;
+        crate::enter::ldcache::log_outcome(id, &self.rootfs, &self.folders, &outcome);
+        tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook, no ldconfig)");
         Ok(())
     }
 }

@@ -9,15 +9,15 @@
 //! directory once the real runtime has let go of the container.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
+use crate::plan::intake::{CdiSource, IntakeError};
 use crate::status::refusals::Reason;
 
 pub mod apply;
@@ -26,6 +26,7 @@ pub mod cli;
 pub mod configure;
 pub mod ldcache;
 pub mod runclog;
+pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -112,35 +113,23 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
         .map_err(|e| Exit::invalid(format!("{}: {e}", config_path.display())))?;
 
     crate::logging::init(cfg);
-    if let Some(kind) = sandbox_kind(&spec) {
-        // Pod annotations reach the sandbox (pause) container too; it never gets a GPU.
-        tracing::info!(container = id, kind, "pod sandbox: no GPU, spec untouched");
+    let intake = crate::plan::intake::intake(
+        cfg,
+        &spec,
+        id,
+        // The cache under `state-dir`; NVML is initialised only when the cache is missing or the
+        // node changed (and the result is cached).
+        |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+        &CdiSource::default(),
+    )
+    .map_err(|e| match e {
+        IntakeError::Allocation { .. } => Exit::invalid(e).because(Reason::Allocation),
+        IntakeError::Inventory { .. } => Exit::env(e).because(Reason::Inventory),
+    })?;
+    if intake.sandbox.is_some() {
         return Ok(());
     }
-
-    let (inventory, inventory_error) = match load_inventory(cfg) {
-        Ok(inv) => (inv, None),
-        Err(e) => (empty_inventory(), Some(e)),
-    };
-    let cdi_specs = load_cdi_specs(&spec);
-    let mut plan = match crate::plan::plan(&spec, id, &inventory, cfg, &cdi_specs) {
-        Ok(p) => p,
-        Err(e) => {
-            return Err(Exit::invalid(match inventory_error {
-                Some(inv) => format!("container {id}: {e} (inventory unavailable: {inv})"),
-                None => format!("container {id}: {e}"),
-            })
-            .because(Reason::Allocation));
-        }
-    };
-    if let Some(inv) = &inventory_error {
-        if !plan.grants_nothing() {
-            return Err(
-                Exit::env(format!("container {id}: inventory: {inv}")).because(Reason::Inventory)
-            );
-        }
-        tracing::warn!(container = id, error = %inv, "inventory unavailable; container has no allocation");
-    }
+    let mut plan = intake.plan;
     log_decision(id, &plan);
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
@@ -150,7 +139,8 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     if let Some(r) = refresh {
         r.run(id)?;
     }
-    write_host_files(cfg, id, &plan)?;
+    crate::hostfiles::write_host_files(cfg, id, &plan)
+        .map_err(|e| Exit::new(e.code(), e.to_string()))?;
     crate::status::meta::record(
         &plan,
         spec.get("annotations").and_then(|a| a.as_object()),
@@ -159,25 +149,10 @@ fn prepare_create(parsed: &args::RuncArgs, cfg: &Config) -> Result<(), Exit> {
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
-        write_atomic(&config_path, &bytes)
+        crate::hostfiles::replace_keeping_mode(&config_path, &bytes)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     Ok(())
-}
-
-/// The CRI annotation marking a pod sandbox (pause) container, if this is one.
-pub(crate) fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
-    let ann = spec.get("annotations")?;
-    let is = |k: &str, v: &str| ann.get(k).and_then(|x| x.as_str()) == Some(v);
-    if is("io.kubernetes.cri.container-type", "sandbox") {
-        Some("containerd")
-    } else if is("io.kubernetes.cri-o.ContainerType", "sandbox") {
-        Some("cri-o")
-    } else if is("io.kubernetes.docker.type", "podsandbox") {
-        Some("dockershim")
-    } else {
-        None
-    }
 }
 
 /// One line per decision: container id, dialects, devices, quotas.
@@ -227,40 +202,12 @@ fn log_decision(id: &str, plan: &Plan) {
     }
 }
 
-/// The inventory from the cache under `state-dir` (NVML is initialised only when the cache is
-/// missing or the node changed, and the result is cached), with device numbers re-read from the
-/// nodes under `dev-root` now.
-fn load_inventory(cfg: &Config) -> Result<crate::inventory::Inventory, String> {
-    let mut inv = crate::inventory::load(cfg).map_err(|e| e.to_string())?;
-    crate::inventory::refresh_device_numbers(&mut inv, cfg).map_err(|e| e.to_string())?;
-    Ok(inv)
-}
-
-fn empty_inventory() -> crate::inventory::Inventory {
-    crate::inventory::Inventory {
-        driver_version: String::new(),
-        cuda_driver_version: 0,
-        gpus: Vec::new(),
-        control_nodes: Vec::new(),
-        driver_files: Vec::new(),
-    }
-}
-
-/// CDI specs from /etc/cdi and /var/run/cdi, read only when the spec names CDI devices (the
-/// only dialect that needs them), so the common create path reads no directories.
-pub(crate) fn load_cdi_specs(spec: &serde_json::Value) -> Vec<crate::cdi::LoadedSpec> {
-    let wants_cdi = spec
-        .get("annotations")
-        .and_then(|a| a.as_object())
-        .is_some_and(|a| a.keys().any(|k| k.starts_with("cdi.k8s.io/")));
-    if !wants_cdi {
-        return Vec::new();
-    }
-    let (specs, errors) = crate::cdi::load_spec_dirs(&crate::cdi::parse::default_spec_dirs());
-    for e in errors {
-        tracing::warn!(error = %e, "CDI spec skipped");
-    }
-    specs
+/// Whether the real runtime already has a container with this id (its state under `--root`).
+fn container_exists(parsed: &args::RuncArgs, cfg: &Config, id: &str) -> bool {
+    runtime_state_root(parsed, cfg)
+        .join(id)
+        .join("state.json")
+        .exists()
 }
 
 /// Where `gpufence ps` will find the container's init process: the pid file (absolute) and the
@@ -285,185 +232,21 @@ fn status_locator(
     }
 }
 
-/// Whether the real runtime already has a container with this id (its state under `--root`).
-fn container_exists(parsed: &args::RuncArgs, cfg: &Config, id: &str) -> bool {
-    runtime_state_root(parsed, cfg)
-        .join(id)
-        .join("state.json")
-        .exists()
-}
-
 fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
     if let Some(r) = &parsed.root {
         return r.clone();
     }
-    let is_crun = cfg
-        .runtime
-        .path
-        .as_ref()
-        .and_then(|p| p.file_name())
-        .is_some_and(|n| n == "crun");
+    // The runtime actually run (`runtime.path`, else the one found on PATH): crun keeps its
+    // state elsewhere, and a wrong root would report a live container gone.
+    let is_crun = real_runtime(cfg)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n == "crun"))
+        .unwrap_or(false);
     PathBuf::from(if is_crun { "/run/crun" } else { "/run/runc" })
 }
 
-/// True when `p` is `base/<one component>/…` with no `..` anywhere.
-fn is_under(p: &Path, base: &Path) -> bool {
-    p.is_absolute()
-        && !p.components().any(|c| c == Component::ParentDir)
-        && p.strip_prefix(base)
-            .is_ok_and(|r| r.components().count() >= 1)
-}
-
-/// The container's state directory and the files the plan asks for (quota 0444, generated
-/// ld.so.preload), each written atomically, and the empty shared accounting file (0666) when the
-/// container has a quota. Only paths inside `state-dir` are accepted.
-pub(crate) fn write_host_files(cfg: &Config, id: &str, plan: &Plan) -> Result<(), Exit> {
-    let base = &cfg.state_dir;
-    let outside = |what: &str, p: &Path| {
-        Exit::invalid(format!(
-            "container {id}: {what} {} is outside state-dir {}",
-            p.display(),
-            base.display()
-        ))
-    };
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(d) = &plan.state_dir {
-        let d = PathBuf::from(d);
-        if !is_under(&d, base) {
-            return Err(outside("state directory", &d));
-        }
-        dirs.push(d);
-    }
-    for f in &plan.host_files {
-        let p = PathBuf::from(&f.path);
-        if !is_under(&p, base) {
-            return Err(outside("host file", &p));
-        }
-        if let Some(parent) = p.parent() {
-            dirs.push(parent.to_path_buf());
-        }
-    }
-    for d in &dirs {
-        create_dir_nofollow(base, d)
-            .map_err(|e| Exit::env(format!("state directory {}: {e}", d.display())))?;
-    }
-    for f in &plan.host_files {
-        let p = Path::new(&f.path);
-        write_file_atomic(p, f.contents.as_bytes(), f.mode, None)
-            .map_err(|e| Exit::env(format!("{}: {e}", p.display())))?;
-    }
-    if let (Some(d), Some(_)) = (&plan.state_dir, &plan.quota) {
-        let p = Path::new(d).join(crate::plan::ACCOUNTING_FILE);
-        create_accounting(&p).map_err(|e| Exit::env(format!("{}: {e}", p.display())))?;
-    }
-    Ok(())
-}
-
-/// Create the container's accounting file empty with mode 0666 (the shim sizes and stamps it on
-/// first use), so container processes of any uid can share it without write access to the
-/// directory. An existing regular file is kept as is (live processes may have it mapped); a
-/// symlink or anything else there is an error.
-fn create_accounting(p: &Path) -> std::io::Result<()> {
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(p)
-    {
-        // umask may have masked the mode.
-        Ok(f) => f.set_permissions(std::fs::Permissions::from_mode(0o666)),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if std::fs::symlink_metadata(p)?.is_file() {
-                Ok(())
-            } else {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "exists and is not a regular file",
-                ))
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `mkdir -p` of `dir` (under `base`), refusing symlinks on the way below `base`.
-fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
-    crate::config::create_state_dir(base)?;
-    let rel = dir
-        .strip_prefix(base)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "outside state-dir"))?;
-    let mut cur = base.to_path_buf();
-    for c in rel.components() {
-        cur.push(c);
-        match std::fs::symlink_metadata(&cur) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a directory", cur.display()),
-                ));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&cur)?;
-                std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(0o755))?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Write `path` atomically: a temp file beside it (never following a symlink), then rename.
-/// `owner` keeps the original file's uid/gid.
-fn write_file_atomic(
-    path: &Path,
-    bytes: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.gpufence-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode & 0o7777)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        // umask may have masked the mode.
-        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Replace `config.json` atomically with the same mode and owner.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let meta = std::fs::metadata(path)?;
-    write_file_atomic(
-        path,
-        bytes,
-        meta.permissions().mode(),
-        Some((meta.uid(), meta.gid())),
-    )
-}
-
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
-fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
+pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok());
@@ -531,147 +314,4 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         }
     }
     std::process::exit(code)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn under() {
-        let b = Path::new("/run/gpufence/c1");
-        assert!(is_under(Path::new("/run/gpufence/c1/quota"), b));
-        assert!(!is_under(Path::new("/run/gpufence/c1"), b));
-        assert!(!is_under(Path::new("/run/gpufence/c1/../c2/quota"), b));
-        assert!(!is_under(Path::new("/etc/passwd"), b));
-        assert!(!is_under(Path::new("run/gpufence/c1/x"), b));
-    }
-
-    #[test]
-    fn atomic_write_keeps_mode() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("config.json");
-        std::fs::write(&p, b"{}").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-        write_atomic(&p, b"{\"a\":1}").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
-            0o640
-        );
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn accounting_file_shared_by_every_container_user() {
-        let d = tempfile::tempdir().unwrap();
-        let cfg = Config {
-            state_dir: d.path().join("state"),
-            ..Config::default()
-        };
-        let own = cfg.container_state_dir("c1");
-        let quota = crate::quota::Quota {
-            oversubscribe: false,
-            devices: vec![],
-            quiet_refusals: false,
-        };
-        let plan = Plan {
-            state_dir: Some(own.display().to_string()),
-            quota: Some(quota.clone()),
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        let acc = own.join(crate::plan::ACCOUNTING_FILE);
-        let m = std::fs::symlink_metadata(&acc).unwrap();
-        assert!(m.is_file());
-        assert_eq!(m.len(), 0);
-        assert_eq!(m.permissions().mode() & 0o7777, 0o666);
-        // The directory itself stays closed to container users.
-        assert_eq!(
-            std::fs::metadata(&own).unwrap().permissions().mode() & 0o7777,
-            0o755
-        );
-        // An existing region (live processes may have it mapped) is kept.
-        std::fs::write(&acc, b"live").unwrap();
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        assert_eq!(std::fs::read(&acc).unwrap(), b"live");
-        // No quota, no region.
-        let own2 = cfg.container_state_dir("c2");
-        let no_quota = Plan {
-            state_dir: Some(own2.display().to_string()),
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c2", &no_quota).unwrap();
-        assert!(!own2.join(crate::plan::ACCOUNTING_FILE).exists());
-        // A symlink planted at the region's name is not followed.
-        let own3 = cfg.container_state_dir("c3");
-        std::fs::create_dir_all(&own3).unwrap();
-        let target = d.path().join("target");
-        std::os::unix::fs::symlink(&target, own3.join(crate::plan::ACCOUNTING_FILE)).unwrap();
-        let plan3 = Plan {
-            state_dir: Some(own3.display().to_string()),
-            quota: Some(quota),
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c3", &plan3).is_err());
-        assert!(!target.exists());
-    }
-
-    #[test]
-    fn host_files_stay_in_state_dir() {
-        let d = tempfile::tempdir().unwrap();
-        let cfg = Config {
-            state_dir: d.path().join("state"),
-            ..Config::default()
-        };
-        let own = cfg.container_state_dir("c1");
-        let plan = Plan {
-            state_dir: Some(own.display().to_string()),
-            host_files: vec![crate::plan::HostFile {
-                path: own.join("quota").display().to_string(),
-                contents: "version=1\n".into(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &plan).unwrap();
-        let q = own.join("quota");
-        assert_eq!(std::fs::read_to_string(&q).unwrap(), "version=1\n");
-        assert_eq!(
-            std::fs::metadata(&q).unwrap().permissions().mode() & 0o777,
-            0o444
-        );
-        // Rewriting a read-only file works (rename, not truncate).
-        write_host_files(&cfg, "c1", &plan).unwrap();
-
-        // A node-wide file directly under state-dir is fine.
-        let node_wide = Plan {
-            host_files: vec![crate::plan::HostFile {
-                path: cfg.state_dir.join("ld.so.preload").display().to_string(),
-                contents: "/usr/lib/gpufence/libgpufence.so\n".into(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        write_host_files(&cfg, "c1", &node_wide).unwrap();
-
-        let evil = Plan {
-            host_files: vec![crate::plan::HostFile {
-                path: d.path().join("elsewhere").display().to_string(),
-                contents: String::new(),
-                mode: 0o444,
-            }],
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c1", &evil).is_err());
-        assert!(!d.path().join("elsewhere").exists());
-
-        // A symlink planted where the container directory goes is refused.
-        std::os::unix::fs::symlink("/tmp", cfg.state_dir.join("c2")).unwrap();
-        let plan2 = Plan {
-            state_dir: Some(cfg.container_state_dir("c2").display().to_string()),
-            ..Plan::default()
-        };
-        assert!(write_host_files(&cfg, "c2", &plan2).is_err());
-    }
 }

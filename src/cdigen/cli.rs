@@ -22,7 +22,7 @@ pub enum Cmd {
 
 /// The spec of the node as it is now: the inventory (from its cache when valid) with device
 /// numbers re-read from `dev-root`.
-pub fn node_spec(cfg: &Config) -> Result<super::Spec, Exit> {
+pub fn node_spec(cfg: &Config) -> Result<crate::cdi::Spec, Exit> {
     let mut inv = crate::inventory::load(cfg)?;
     crate::inventory::refresh_device_numbers(&mut inv, cfg)?;
     Ok(generate::generate(&inv, cfg))

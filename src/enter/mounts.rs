@@ -120,6 +120,18 @@ pub struct Detached {
     tree: OwnedFd,
 }
 
+impl Detached {
+    /// A stand-in for tests of the order of operations ([`super::sys::RecordingNs`]): no
+    /// mount behind it.
+    pub fn stand_in(host_path: &str, is_dir: bool) -> std::io::Result<Detached> {
+        Ok(Detached {
+            host_path: host_path.to_string(),
+            is_dir,
+            tree: std::fs::File::open("/dev/null")?.into(),
+        })
+    }
+}
+
 /// Clone `host` (in the caller's mount namespace) into a detached bind mount with `attrs`.
 pub fn detach(host: &Path, attrs: Attrs) -> Result<Detached, MountError> {
     let shown = host.display().to_string();
@@ -179,6 +191,15 @@ pub fn detach(host: &Path, attrs: Attrs) -> Result<Detached, MountError> {
 }
 
 impl Detached {
+    /// A detached mount made another way (a tmpfs from `fsmount`).
+    pub(super) fn from_tree(host_path: String, is_dir: bool, tree: OwnedFd) -> Detached {
+        Detached {
+            host_path,
+            is_dir,
+            tree,
+        }
+    }
+
     /// Attach onto `target` (an fd of the target in the caller's mount namespace).
     pub fn attach(self, target: &OwnedFd, shown: &str) -> Result<(), MountError> {
         // SAFETY: both fds are valid; empty paths with the *_EMPTY_PATH flags name the fds.

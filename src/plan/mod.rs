@@ -10,14 +10,21 @@ use crate::allocation::Allocation;
 use crate::cdi::ContainerEdits;
 use crate::quota::Quota;
 
+pub mod cgroup;
+pub mod cli;
+pub mod env;
+pub mod intake;
+pub mod mounts;
+pub mod nodes;
+pub mod quota;
+
 /// Where the per-container state directory appears inside the container.
 pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";
 /// Where the quota file appears inside the container.
 pub const CONTAINER_QUOTA_FILE: &str = "/run/gpufence/quota";
 /// The shared accounting region inside the container state directory (the shim's
-/// `region::FILE_NAME`). The host creates it empty and world-read-writable (0666) beside the
-/// quota, so every process of the container, whatever its uid or user namespace, can map it while
-/// the directory itself stays root-owned 0755 (a container user cannot create files on the host).
+/// `region::FILE_NAME`), created by the first shim process in the container's own size-bounded
+/// tmpfs (`state_tmpfs`), never on the host.
 pub const ACCOUNTING_FILE: &str = "accounting";
 /// Where the shim is mounted inside the container.
 pub const CONTAINER_SHIM_PATH: &str = "/usr/lib/gpufence/libgpufence.so";
@@ -75,7 +82,19 @@ pub struct Plan {
     pub env_overrides: Vec<String>,
     /// Human-readable notes about decisions (e.g. which env was neutralised and why).
     pub notes: Vec<String>,
+    /// What the shim's quota protects against and what it does not (`SHIM_ISOLATION`), when
+    /// the plan hands the container a quota; `None` otherwise.
+    #[serde(default)]
+    pub isolation: Option<String>,
 }
+
+/// The plain statement of what a preloaded shim's quota is: it keeps tenants from each other's
+/// mistakes and honest overuse; a hostile process inside the container can get past any
+/// library it is handed (it may skip the preload or call the driver directly).
+pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from each other's \
+    mistakes and honest overuse; it is not a hard boundary against a hostile process in this \
+    container, which can bypass a preloaded library — hard isolation against a hostile tenant \
+    needs the driver backend or MIG";
 
 impl Plan {
     /// True when the plan grants nothing (no device nodes, no mounts, no shim).
@@ -93,7 +112,10 @@ impl Plan {
 /// `cdi_specs` are the specs found in `/etc/cdi` and `/var/run/cdi`.
 ///
 /// Deterministic: the same inputs always give the same plan (the runtime and the hook rely on
-/// it). The JSON shape is documented in `docs/plan-json.md`.
+/// it). The JSON shape is documented in `docs/plan-json.md`. The steps, in order: the
+/// allocation ([`crate::allocation::read`]), device [`nodes`], [`mounts`] (driver files, shim,
+/// state), the ld cache hook, [`env`], the [`quota`] and host files, foreign CDI edits, and the
+/// cgroup rules for every device node ([`cgroup`]).
 pub fn plan(
     spec: &serde_json::Value,
     container_id: &str,
@@ -101,9 +123,6 @@ pub fn plan(
     config: &crate::config::Config,
     cdi_specs: &[crate::cdi::LoadedSpec],
 ) -> Result<Plan, crate::allocation::AllocationError> {
-    use crate::allocation::{AllocationError, DeviceRef};
-    use crate::inventory::{Capability, DeviceNode};
-
     validate_container_id(container_id)?;
     let intake = crate::allocation::read(spec, inventory, config, cdi_specs)?;
     let mut plan = Plan {
@@ -118,214 +137,20 @@ pub fn plan(
     let mut edits = crate::cdi::ContainerEdits::default();
 
     if !alloc.devices.is_empty() {
-        // Device nodes: each allocated GPU (a MIG device's parent GPU and its nvidia-caps nodes),
-        // then the control nodes.
-        fn push<'a>(n: &'a DeviceNode, nodes: &mut Vec<&'a DeviceNode>) {
-            if !nodes.iter().any(|x| x.path == n.path) {
-                nodes.push(n);
-            }
-        }
-        let mut nodes: Vec<&DeviceNode> = Vec::new();
-        for d in &alloc.devices {
-            let missing = || {
-                AllocationError::new(
-                    "inventory",
-                    &d.uuid,
-                    "allocated device is not in the inventory",
-                )
-            };
-            match d.device {
-                DeviceRef::Gpu { index } => {
-                    let g = inventory.gpu_by_index(index).ok_or_else(missing)?;
-                    push(&g.node, &mut nodes);
-                }
-                DeviceRef::Mig { gpu, mig } => {
-                    let g = inventory.gpu_by_index(gpu).ok_or_else(missing)?;
-                    let m = g
-                        .mig_devices
-                        .iter()
-                        .find(|m| m.index == mig)
-                        .ok_or_else(missing)?;
-                    push(&g.node, &mut nodes);
-                    for c in &m.caps {
-                        push(c, &mut nodes);
-                    }
-                }
-            }
-        }
-        let display = alloc
-            .capabilities
-            .iter()
-            .any(|c| matches!(c, Capability::Graphics | Capability::Display));
-        let mut control: Vec<&DeviceNode> = inventory
-            .control_nodes
-            .iter()
-            .filter(|n| {
-                let name = std::path::Path::new(&n.path)
-                    .file_name()
-                    .and_then(|f| f.to_str())
-                    .unwrap_or_default();
-                matches!(name, "nvidiactl" | "nvidia-uvm" | "nvidia-uvm-tools")
-                    || (display && name == "nvidia-modeset")
-            })
-            .collect();
-        control.sort_by(|a, b| a.path.cmp(&b.path));
-        for n in control {
-            if !nodes.iter().any(|x| x.path == n.path) {
-                nodes.push(n);
-            }
-        }
-        edits.device_nodes = nodes.iter().map(|n| device_node_edit(n)).collect();
-
-        // Mounts: driver files, the shim, ld.so.preload, the state directory, the quota.
-        let mut files: Vec<&crate::inventory::DriverFile> =
-            inventory.files_for(&alloc.capabilities).collect();
-        files.sort_by(|a, b| a.container_path.cmp(&b.container_path));
-        files.dedup_by(|a, b| a.container_path == b.container_path);
-        edits.mounts = driver_mounts(files.iter().copied());
-        edits.mounts.push(crate::cdi::MountEdit {
-            host_path: config.shim.library.display().to_string(),
-            container_path: CONTAINER_SHIM_PATH.to_string(),
-            kind: None,
-            options: RO_BIND.iter().map(|s| s.to_string()).collect(),
-        });
-        if container_id.starts_with('.')
-            || [LD_SO_PRELOAD_FILE, crate::inventory::CACHE_FILE].contains(&container_id)
-        {
-            // state-dir/<id> would collide with a node-wide file (or a temp file) in state-dir.
-            return Err(AllocationError::new(
-                "container id",
-                container_id,
-                "reserved in state-dir for a node-wide file; a GPU container cannot use it",
-            ));
-        }
-        let state_dir = config.container_state_dir(container_id);
-        let state_dir_s = state_dir.display().to_string();
-        let quota_host = state_dir.join("quota").display().to_string();
-        let preload_host = config
-            .state_dir
-            .join(LD_SO_PRELOAD_FILE)
-            .display()
-            .to_string();
-        let ld_so_preload = config.shim.inject == crate::config::ShimInject::LdSoPreload;
-        if ld_so_preload {
-            edits.mounts.push(crate::cdi::MountEdit {
-                host_path: preload_host.clone(),
-                container_path: "/etc/ld.so.preload".to_string(),
-                kind: None,
-                options: RO_BIND.iter().map(|s| s.to_string()).collect(),
-            });
-        }
-        edits.mounts.push(crate::cdi::MountEdit {
-            host_path: state_dir_s.clone(),
-            container_path: CONTAINER_STATE_DIR.to_string(),
-            kind: None,
-            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        });
-        edits.mounts.push(crate::cdi::MountEdit {
-            host_path: quota_host.clone(),
-            container_path: CONTAINER_QUOTA_FILE.to_string(),
-            kind: None,
-            options: ["ro", "nosuid", "nodev", "noexec", "bind"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        });
-
-        // Hooks: refresh the ld cache for the mounted driver libraries.
+        edits.device_nodes = nodes::device_nodes(&alloc, inventory)?;
+        let files = nodes::driver_files(&alloc, inventory);
+        let state = mounts::StatePaths::new(config, container_id)?;
+        edits.mounts = mounts::mounts(&files, config, &state);
         let dirs = library_dirs(files.iter().copied());
         if !dirs.is_empty() {
             edits.hooks.push(ldcache_hook(config, &dirs));
         }
-
-        // Env.
-        let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.uuid.as_str()).collect();
-        edits
-            .env
-            .push(format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(",")));
-        edits
-            .env
-            .push(format!("GPUFENCE_STATE={CONTAINER_STATE_DIR}"));
-        for (i, d) in alloc.devices.iter().enumerate() {
-            if let Some(m) = d.memory_limit {
-                edits.env.push(format!("GPUFENCE_MEMORY_LIMIT_{i}={m}"));
-            }
-            if let Some(c) = d.cores {
-                edits.env.push(format!("GPUFENCE_CORES_{i}={c}"));
-            }
-        }
-        if alloc.oversubscribe {
-            edits.env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
-        }
-        if config.shim.inject == crate::config::ShimInject::Env {
-            let existing = existing_env(spec, "LD_PRELOAD").filter(|v| !v.trim().is_empty());
-            let value = match existing {
-                Some(v) if v.split([':', ' ']).any(|p| p == CONTAINER_SHIM_PATH) => v,
-                Some(v) => format!("{CONTAINER_SHIM_PATH}:{v}"),
-                None => CONTAINER_SHIM_PATH.to_string(),
-            };
-            edits.env.push(format!("LD_PRELOAD={value}"));
-        }
-        if config.shim.is_hami_core() {
-            for (i, d) in alloc.devices.iter().enumerate() {
-                if let Some(m) = d.memory_limit {
-                    let v = if m % (1 << 20) == 0 {
-                        format!("{}m", m >> 20)
-                    } else {
-                        m.to_string()
-                    };
-                    edits.env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={v}"));
-                }
-            }
-            let first = alloc.devices[0].cores;
-            if first.is_some() && alloc.devices.iter().all(|d| d.cores == first) {
-                edits
-                    .env
-                    .push(format!("CUDA_DEVICE_SM_LIMIT={}", first.unwrap_or(100)));
-            }
-            for (i, d) in alloc.devices.iter().enumerate() {
-                if let Some(c) = d.cores {
-                    edits.env.push(format!("CUDA_DEVICE_SM_LIMIT_{i}={c}"));
-                }
-            }
-            edits.env.push(format!(
-                "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_STATE_DIR}/{HAMI_CACHE_FILE}"
-            ));
-        }
-
-        // The quota and the files the apply step writes.
-        let quota = crate::quota::Quota {
-            oversubscribe: alloc.oversubscribe,
-            devices: alloc
-                .devices
-                .iter()
-                .enumerate()
-                .map(|(i, d)| crate::quota::DeviceQuota {
-                    ordinal: i as u32,
-                    uuid: d.uuid.clone(),
-                    memory: d.memory_limit,
-                    cores: d.cores,
-                })
-                .collect(),
-            quiet_refusals: !config.shim.refusal_messages,
-        };
-        plan.host_files.push(HostFile {
-            path: quota_host,
-            contents: quota.render(),
-            mode: 0o444,
-        });
-        if ld_so_preload {
-            plan.host_files.push(HostFile {
-                path: preload_host,
-                contents: format!("{CONTAINER_SHIM_PATH}\n"),
-                mode: 0o444,
-            });
-        }
-        plan.quota = Some(quota);
-        plan.state_dir = Some(state_dir_s);
+        edits.env = env::env(spec, &alloc, config);
+        let q = quota::quota(&alloc, config);
+        plan.host_files = quota::host_files(&q, &state);
+        plan.quota = Some(q);
+        plan.isolation = Some(SHIM_ISOLATION.to_string());
+        plan.state_dir = Some(state.dir);
     }
 
     // Foreign CDI devices: their edits, faithfully, after ours; they may not touch what
@@ -334,52 +159,11 @@ pub fn plan(
         check_foreign(f)?;
         edits.append(&f.edits);
     }
+    plan.cgroup_rules = cgroup::rules(&edits.device_nodes)?;
 
-    // cgroup rules: one per device node.
-    for d in &edits.device_nodes {
-        let kind = match d.kind.as_deref() {
-            Some("c") | Some("u") => 'c',
-            Some("b") => 'b',
-            Some("p") => continue,
-            _ => {
-                return Err(AllocationError::new(
-                    "deviceNodes",
-                    &d.path,
-                    "device node has no type (c or b), and none was found on the host",
-                ));
-            }
-        };
-        if d.permissions.as_deref() == Some("none") {
-            continue;
-        }
-        let (Some(major), Some(minor)) = (d.major, d.minor) else {
-            return Err(AllocationError::new(
-                "deviceNodes",
-                &d.path,
-                "device node has no major/minor, and none was found on the host",
-            ));
-        };
-        let (Ok(major), Ok(minor)) = (u32::try_from(major), u32::try_from(minor)) else {
-            return Err(AllocationError::new(
-                "deviceNodes",
-                &d.path,
-                "major/minor out of range",
-            ));
-        };
-        let access = match d.permissions.as_deref() {
-            None | Some("") => "rwm".to_string(),
-            Some(p) => p.to_string(),
-        };
-        let rule = CgroupRule {
-            kind,
-            major,
-            minor,
-            access,
-        };
-        if !plan.cgroup_rules.contains(&rule) {
-            plan.cgroup_rules.push(rule);
-        }
-    }
+    // Parent-first, so a directory mount never hides one below it (the quota under the state
+    // tmpfs); stable, so equal depths keep their order.
+    edits.mounts.sort_by_key(|m| mount_depth(&m.container_path));
 
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
@@ -423,19 +207,6 @@ pub fn validate_container_id(id: &str) -> Result<(), crate::allocation::Allocati
     Ok(())
 }
 
-fn existing_env(spec: &serde_json::Value, key: &str) -> Option<String> {
-    spec.get("process")?
-        .get("env")?
-        .as_array()?
-        .iter()
-        .filter_map(|e| e.as_str())
-        .find_map(|e| {
-            e.split_once('=')
-                .filter(|(k, _)| *k == key)
-                .map(|(_, v)| v.to_string())
-        })
-}
-
 /// Foreign edits may not replace what enforces the quota: the state directory, the quota file,
 /// the shim, `/etc/ld.so.preload`, `LD_PRELOAD` or `GPUFENCE_*` env. Paths are checked again
 /// (specs can be built without the loader).
@@ -444,14 +215,7 @@ fn check_foreign(
 ) -> Result<(), crate::allocation::AllocationError> {
     let err = |why: String| crate::allocation::AllocationError::new(&f.spec_path, &f.name, why);
     crate::cdi::parse::validate_edits(&f.edits).map_err(err)?;
-    let reserved = |p: &str| {
-        let p = p.trim_end_matches('/');
-        p == CONTAINER_STATE_DIR
-            || p.starts_with(&format!("{CONTAINER_STATE_DIR}/"))
-            || p == CONTAINER_SHIM_PATH
-            || p == "/etc/ld.so.preload"
-            || p.is_empty()
-    };
+    let reserved = |p: &str| is_reserved_destination(p) || p.trim_end_matches('/').is_empty();
     for m in &f.edits.mounts {
         if reserved(&m.container_path) {
             return Err(err(format!(
@@ -475,6 +239,65 @@ fn check_foreign(
         }
     }
     Ok(())
+}
+
+/// Whether a container path is gpufence's to mount: the state directory and anything below it,
+/// the shim, `/etc/ld.so.preload` (and anything below those two). Any other mount there (an
+/// image `VOLUME /run/gpufence/quota`, a foreign CDI edit) is dropped or refused, never
+/// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer.
+pub fn is_reserved_destination(p: &str) -> bool {
+    let norm: Vec<&str> = p
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    [
+        CONTAINER_STATE_DIR,
+        CONTAINER_SHIM_PATH,
+        "/etc/ld.so.preload",
+    ]
+    .iter()
+    .any(|r| {
+        let r: Vec<&str> = r.split('/').filter(|c| !c.is_empty()).collect();
+        norm.len() >= r.len() && norm[..r.len()] == r[..]
+    })
+}
+
+/// Number of path components of a container path (`/run/gpufence` = 2).
+fn mount_depth(p: &str) -> usize {
+    p.split('/').filter(|c| !c.is_empty() && *c != ".").count()
+}
+
+/// Bytes of the per-container tmpfs at `/run/gpufence`: the shim's accounting region (≈ 521 KiB)
+/// with room to spare; HAMi-core's shared cache needs more.
+pub const STATE_TMPFS_SIZE: &str = "1m";
+/// The same for `shim.library` = HAMi-core's `libvgpu.so` (its `vgpu.cache` and lock).
+pub const STATE_TMPFS_SIZE_HAMI: &str = "16m";
+
+/// `/run/gpufence` inside the container: a tmpfs of its own (never the host's state directory),
+/// sized by the host and with inodes for its root, the quota's mount point and one file — the
+/// accounting region, created by the first shim process (mode 1777: whatever its uid). Its pages
+/// are charged to the container's memory cgroup and vanish with its mount namespace; the host
+/// never reads it, so nothing the container plants there is ever followed by a host process.
+pub fn state_tmpfs(hami: bool) -> crate::cdi::MountEdit {
+    let (size, inodes) = if hami {
+        (STATE_TMPFS_SIZE_HAMI, 5)
+    } else {
+        (STATE_TMPFS_SIZE, 3)
+    };
+    crate::cdi::MountEdit {
+        host_path: "tmpfs".to_string(),
+        container_path: CONTAINER_STATE_DIR.to_string(),
+        kind: Some("tmpfs".to_string()),
+        options: [
+            "nosuid".to_string(),
+            "nodev".to_string(),
+            "noexec".to_string(),
+            "mode=1777".to_string(),
+            format!("size={size}"),
+            format!("nr_inodes={inodes}"),
+        ]
+        .to_vec(),
+    }
 }
 
 /// Mount options for driver files and the shim.

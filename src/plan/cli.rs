@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
+use crate::plan::intake::{CdiSource, intake};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -39,25 +40,28 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "plan".to_string()),
     };
-    let mut inv = crate::inventory::load(&cfg)?;
-    crate::inventory::refresh_device_numbers(&mut inv, &cfg)?;
-    let dirs: Vec<(PathBuf, u8)> = if args.cdi_dirs.is_empty() {
-        crate::cdi::parse::default_spec_dirs()
+    let cdi = if args.cdi_dirs.is_empty() {
+        CdiSource {
+            always: true,
+            ..CdiSource::default()
+        }
     } else {
-        args.cdi_dirs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (d.clone(), u8::try_from(i).unwrap_or(u8::MAX)))
-            .collect()
+        CdiSource {
+            dirs: args
+                .cdi_dirs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (d.clone(), u8::try_from(i).unwrap_or(u8::MAX)))
+                .collect(),
+            always: true,
+        }
     };
-    let (specs, cdi_errors) = crate::cdi::load_spec_dirs(&dirs);
-    for e in &cdi_errors {
-        tracing::warn!(container = %id, error = %e, "CDI spec ignored");
-    }
-    let plan = crate::plan::plan(&spec, &id, &inv, &cfg, &specs).map_err(|e| {
+    let load = |cfg: &Config| crate::inventory::load(cfg).map_err(|e| e.to_string());
+    let intake = intake(&cfg, &spec, &id, load, &cdi).map_err(|e| {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
+    let (plan, cdi_errors) = (intake.plan, intake.cdi_errors);
     tracing::info!(
         container = %id,
         devices = plan.allocation.as_ref().map_or(0, |a| a.devices.len()),
@@ -111,7 +115,7 @@ pub fn render(p: &Plan) -> String {
                 let _ = writeln!(
                     s,
                     "  [{i}] {}  memory {}  cores {}",
-                    super::devices::describe(&d.device, &d.uuid),
+                    crate::allocation::devices::describe(&d.device, &d.uuid),
                     fmt_mem(d.memory_limit),
                     d.cores
                         .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
@@ -188,6 +192,9 @@ pub fn render(p: &Plan) -> String {
                     .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
             );
         }
+    }
+    if let Some(i) = &p.isolation {
+        let _ = writeln!(s, "isolation: {i}");
     }
     if let Some(d) = &p.state_dir {
         let _ = writeln!(s, "state directory: {d}");

@@ -5,15 +5,16 @@
 //! handled when both exist (hybrid hosts: runc enforces devices on v1 and also places the
 //! container in the unified hierarchy).
 
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+pub mod bpf;
+pub mod program;
+pub mod sys;
 
-use super::bpf;
 use crate::plan::CgroupRule;
+use program::Grant;
+use sys::{CgroupSys, LinuxSys};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -116,7 +117,7 @@ fn cgroup_dir(m: &CgroupMount, path: &str) -> Result<PathBuf, CgroupError> {
         path.strip_prefix(m.root.as_str())
             .ok_or_else(|| bad("outside the mounted hierarchy"))?
     };
-    let comps = super::safepath::components(if rel.is_empty() { "/" } else { rel })
+    let comps = crate::enter::safepath::components(if rel.is_empty() { "/" } else { rel })
         .map_err(|_| bad("not a clean absolute path"))?;
     if comps.is_empty() {
         return Err(bad("is the root cgroup"));
@@ -157,13 +158,8 @@ pub fn locate(proc_cgroup: &str, mountinfo: &str) -> Result<DeviceCgroups, Cgrou
     Ok(DeviceCgroups { v1, v2 })
 }
 
-fn open_dir(p: &Path) -> Result<OwnedFd, CgroupError> {
-    nix::fcntl::open(
-        p,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| CgroupError::Open {
+fn open_dir(sys: &dyn CgroupSys, p: &Path) -> Result<OwnedFd, CgroupError> {
+    sys.open_cgroup(p).map_err(|errno| CgroupError::Open {
         path: p.display().to_string(),
         errno,
     })
@@ -171,23 +167,20 @@ fn open_dir(p: &Path) -> Result<OwnedFd, CgroupError> {
 
 /// Write allow rules to a v1 devices cgroup.
 pub fn allow_v1(dir: &Path, rules: &[CgroupRule]) -> Result<(), CgroupError> {
-    let dfd = open_dir(dir)?;
+    allow_v1_with(&LinuxSys, dir, rules)
+}
+
+/// [`allow_v1`] through `sys`: one rule per `write(2)` (the kernel parses one rule per write).
+pub fn allow_v1_with(
+    sys: &dyn CgroupSys,
+    dir: &Path,
+    rules: &[CgroupRule],
+) -> Result<(), CgroupError> {
+    let dfd = open_dir(sys, dir)?;
     let path = dir.join("devices.allow");
-    let fd = nix::fcntl::openat(
-        &dfd,
-        "devices.allow",
-        OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| CgroupError::Open {
-        path: path.display().to_string(),
-        errno,
-    })?;
-    let mut f = std::fs::File::from(fd);
     for r in rules {
         let line = r.to_string();
-        // One rule per write(2): the kernel parses one rule per write.
-        f.write_all(line.as_bytes())
+        sys.write_cgroup(&dfd, "devices.allow", &line)
             .map_err(|source| CgroupError::Allow {
                 path: path.display().to_string(),
                 rule: line.clone(),
@@ -205,15 +198,63 @@ pub fn gate_v2(
     rules: &[CgroupRule],
     gated_majors: &[u32],
 ) -> Result<usize, CgroupError> {
-    let dfd = open_dir(dir)?;
+    gate_v2_with(&LinuxSys, dir, rules, gated_majors)
+}
+
+/// [`gate_v2`] through `sys`.
+pub fn gate_v2_with(
+    sys: &dyn CgroupSys,
+    dir: &Path,
+    rules: &[CgroupRule],
+    gated_majors: &[u32],
+) -> Result<usize, CgroupError> {
+    let dfd = open_dir(sys, dir)?;
     let shown = dir.display().to_string();
-    let grants: Vec<bpf::Grant> = rules.iter().filter_map(bpf::Grant::from_rule).collect();
-    let before = bpf::query(&dfd, &shown)?;
-    let widened = bpf::widen_attached(&dfd, &shown, &before, &grants)?;
-    let prog = bpf::build_program(&grants, gated_majors);
-    let pfd = bpf::load(&prog)?;
-    bpf::attach(&pfd, &dfd, &shown)?;
+    let grants: Vec<Grant> = rules.iter().filter_map(Grant::from_rule).collect();
+    let before = sys.bpf_query(&dfd).map_err(|source| bpf::BpfError::Query {
+        cgroup: shown.clone(),
+        source,
+    })?;
+    let widened = widen_attached(sys, &dfd, &shown, &before, &grants)?;
+    let prog = program::build_program(&grants, gated_majors);
+    let pfd = sys.bpf_load(&prog)?;
+    sys.bpf_attach(&pfd, &dfd, None)
+        .map_err(|source| bpf::BpfError::Attach {
+            cgroup: shown,
+            source,
+        })?;
     Ok(widened)
+}
+
+/// Replace every device program already attached to the cgroup (the runtime's, which on a
+/// pure cgroup v2 host denies whatever `config.json` did not list) by the same program
+/// preceded by an allow for the granted nodes. Returns how many were replaced. Fails closed:
+/// a program that cannot be read back or re-loaded is an error.
+fn widen_attached(
+    sys: &dyn CgroupSys,
+    cgroup_fd: &OwnedFd,
+    cgroup: &str,
+    ids: &[u32],
+    grants: &[Grant],
+) -> Result<usize, bpf::BpfError> {
+    let attach_err = |source| bpf::BpfError::Attach {
+        cgroup: cgroup.to_string(),
+        source,
+    };
+    let mut n = 0;
+    for id in ids {
+        let (old, insns) = sys.bpf_program(*id).map_err(attach_err)?;
+        if !program::reloadable(&insns) {
+            return Err(attach_err(std::io::Error::other(format!(
+                "device program {id} uses instructions that cannot be re-loaded"
+            ))));
+        }
+        let new = sys.bpf_load(&program::widen(&insns, grants))?;
+        sys.bpf_attach(&new, cgroup_fd, Some(&old))
+            .map_err(attach_err)?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Character-device majors that belong to the NVIDIA driver: 195 plus every `nvidia*` entry
@@ -257,6 +298,96 @@ mod tests {
 30 25 0:27 / /sys/fs/cgroup/devices rw,nosuid - cgroup cgroup rw,devices
 31 25 0:28 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
 ";
+
+    fn rule(minor: u32) -> CgroupRule {
+        CgroupRule {
+            kind: 'c',
+            major: 195,
+            minor,
+            access: "rw".into(),
+        }
+    }
+
+    #[test]
+    fn v1_writes_one_rule_per_write_in_plan_order() {
+        use sys::{Call, RecordingSys};
+        let sys = RecordingSys::new();
+        let dir = Path::new("/sys/fs/cgroup/devices/c1");
+        allow_v1_with(&sys, dir, &[rule(1), rule(255)]).unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                Call::OpenCgroup(dir.to_path_buf()),
+                Call::WriteCgroup {
+                    file: "devices.allow".into(),
+                    line: "c 195:1 rw".into()
+                },
+                Call::WriteCgroup {
+                    file: "devices.allow".into(),
+                    line: "c 195:255 rw".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn v1_stops_at_the_first_refused_rule() {
+        use sys::{Call, RecordingSys};
+        let refused = Call::WriteCgroup {
+            file: "devices.allow".into(),
+            line: "c 195:1 rw".into(),
+        };
+        let sys = RecordingSys::new().failing(refused.clone());
+        let e = allow_v1_with(&sys, Path::new("/cg"), &[rule(1), rule(2)]).unwrap_err();
+        assert!(e.to_string().contains("c 195:1 rw"), "{e}");
+        assert_eq!(sys.calls().last(), Some(&refused));
+    }
+
+    #[test]
+    fn v2_widens_every_runtime_program_before_attaching_the_gate() {
+        use sys::{Call, RecordingSys};
+        let runtime = program::build_program(&[], &[195]);
+        let sys =
+            RecordingSys::new().with_programs(vec![(7, runtime.clone()), (9, runtime.clone())]);
+        let n = gate_v2_with(&sys, Path::new("/cg"), &[rule(0)], &[195]).unwrap();
+        assert_eq!(n, 2);
+        let widened = program::widen(&runtime, &[Grant::from_rule(&rule(0)).unwrap()]).len();
+        let gate = program::build_program(&[Grant::from_rule(&rule(0)).unwrap()], &[195]).len();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                Call::OpenCgroup("/cg".into()),
+                Call::BpfQuery,
+                Call::BpfProgram(7),
+                Call::BpfLoad { insns: widened },
+                Call::BpfAttach { replace: true },
+                Call::BpfProgram(9),
+                Call::BpfLoad { insns: widened },
+                Call::BpfAttach { replace: true },
+                Call::BpfLoad { insns: gate },
+                Call::BpfAttach { replace: false },
+            ]
+        );
+    }
+
+    #[test]
+    fn v2_fails_closed_when_a_runtime_program_cannot_be_widened() {
+        use sys::{Call, RecordingSys};
+        // A helper call (0x85) cannot be re-loaded from its translated form.
+        let odd = vec![
+            program::insn(0x85, 0, 0, 0, 1),
+            program::insn(0x95, 0, 0, 0, 0),
+        ];
+        let sys = RecordingSys::new().with_programs(vec![(3, odd)]);
+        let e = gate_v2_with(&sys, Path::new("/cg"), &[rule(0)], &[195]).unwrap_err();
+        assert!(e.to_string().contains("cannot be re-loaded"), "{e}");
+        // Nothing was loaded or attached: the gate is not put in front of an unwidened program.
+        assert!(
+            !sys.calls()
+                .iter()
+                .any(|c| matches!(c, Call::BpfLoad { .. } | Call::BpfAttach { .. }))
+        );
+    }
 
     #[test]
     fn locates_hybrid() {
@@ -307,7 +438,7 @@ mod tests {
         #[test]
         fn mountinfo_parsers_never_panic(text in "[ -~\n]{0,400}") {
             let _ = parse_cgroup_mounts(&text);
-            let _ = super::super::mounts::shared_mounts_under(&text, Path::new("/r"));
+            let _ = crate::enter::mounts::shared_mounts_under(&text, Path::new("/r"));
             let _ = parse_proc_cgroup(&text);
         }
     }

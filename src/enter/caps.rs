@@ -2,7 +2,10 @@
 
 use caps::{CapSet, Capability as C, CapsHashSet};
 
-use super::HookError;
+/// A capability set could not be changed.
+#[derive(Debug, thiserror::Error)]
+#[error("capabilities: {0}")]
+pub struct CapsError(pub String);
 
 /// Host side: cgroup rules, BPF, reading the container's namespaces, host files, mount clones.
 pub const HOST: &[C] = &[
@@ -36,19 +39,13 @@ pub const IN_NAMESPACE: &[C] = &[
     C::CAP_SETGID,
 ];
 
-/// The ld cache refresh (also the bounding set it execs ldconfig with): `ldconfig -r` chroots.
-pub const LDCACHE: &[C] = &[
-    C::CAP_SYS_CHROOT,
-    C::CAP_CHOWN,
-    C::CAP_FOWNER,
-    C::CAP_DAC_OVERRIDE,
-    C::CAP_DAC_READ_SEARCH,
-];
+/// The ld cache refresh (in-process, no exec): files in a rootfs owned by anyone.
+pub const LDCACHE: &[C] = &[C::CAP_FOWNER, C::CAP_DAC_OVERRIDE, C::CAP_DAC_READ_SEARCH];
 
 /// Reduce the effective, permitted and inheritable sets (and the bounding set, so a later exec
 /// as root cannot regain more) to `keep` ∩ what the process has. Never adds a capability.
-pub fn restrict(keep: &[C]) -> Result<(), HookError> {
-    let err = |e: caps::errors::CapsError| HookError::Caps(e.to_string());
+pub fn restrict(keep: &[C]) -> Result<(), CapsError> {
+    let err = |e: caps::errors::CapsError| CapsError(e.to_string());
     let permitted = caps::read(None, CapSet::Permitted).map_err(err)?;
     let want: CapsHashSet = keep
         .iter()

@@ -3,10 +3,10 @@
 //! (read-only bind mounts) and the ldcache createContainer hook. Every edit is built with the
 //! plan's helpers, so CDI and the runtime give containers the same things.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{ContainerEdits, Device, KIND, Spec};
+use crate::cdi::parse::minimum_version;
+use crate::cdi::{ContainerEdits, Device, KIND, Spec};
 use crate::config::Config;
 use crate::inventory::{DeviceNode, Gpu, Inventory};
 use crate::plan::{device_node_edit, driver_mounts, ldcache_hook, library_dirs};
@@ -112,54 +112,6 @@ pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
     spec
 }
 
-fn starts_with_digit(s: &str) -> bool {
-    s.bytes().next().is_some_and(|b| b.is_ascii_digit())
-}
-
-/// The lowest `cdiVersion` whose fields the spec uses (as the reference `MinimumRequiredVersion`).
-pub fn minimum_version(spec: &Spec) -> &'static str {
-    let all_edits = std::iter::once(&spec.container_edits)
-        .chain(spec.devices.iter().map(|d| &d.container_edits));
-    let mut v = (0, 3, 0);
-    let mut need = |x: (u32, u32, u32)| v = v.max(x);
-    if spec.annotations.is_some() || spec.devices.iter().any(|d| d.annotations.is_some()) {
-        need((0, 6, 0));
-    }
-    // A dot in the kind's name segment (`vendor/cl.ass`) needs 0.6.0.
-    if spec
-        .kind
-        .split_once('/')
-        .is_some_and(|(_, c)| c.contains('.'))
-    {
-        need((0, 6, 0));
-    }
-    if spec.devices.iter().any(|d| starts_with_digit(&d.name)) {
-        need((0, 5, 0));
-    }
-    for e in all_edits {
-        if e.device_nodes.iter().any(|n| n.host_path.is_some()) {
-            need((0, 5, 0));
-        }
-        if e.mounts.iter().any(|m| m.kind.is_some()) {
-            need((0, 4, 0));
-        }
-        if e.intel_rdt.is_some() || !e.additional_gids.is_empty() {
-            need((0, 7, 0));
-        }
-        if !e.net_devices.is_empty() {
-            need((1, 1, 0));
-        }
-    }
-    match v {
-        (0, 3, 0) => "0.3.0",
-        (0, 4, 0) => "0.4.0",
-        (0, 5, 0) => "0.5.0",
-        (0, 6, 0) => "0.6.0",
-        (0, 7, 0) => "0.7.0",
-        _ => "1.1.0",
-    }
-}
-
 /// Serialise in the given format (YAML via `yaml_serde`).
 pub fn render(spec: &Spec, format: Format) -> Result<String, String> {
     match format {
@@ -186,26 +138,18 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), GenerateError> {
             dir,
         });
     }
-    let werr = |source: std::io::Error| GenerateError::Write {
-        path: path.to_path_buf(),
-        dir: dir.clone(),
-        source,
+    let opts = crate::hostfiles::Options {
+        mode: 0o644,
+        owner: None,
+        sync: true,
     };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .tempfile_in(&dir)
-        .map_err(werr)?;
-    tmp.write_all(contents).map_err(werr)?;
-    use std::os::unix::fs::PermissionsExt;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))
-        .map_err(werr)?;
-    tmp.as_file().sync_all().map_err(werr)?;
-    tmp.persist(path).map_err(|e| werr(e.error))?;
+    crate::hostfiles::write_atomic(path, contents, opts).map_err(|source| {
+        GenerateError::Write {
+            path: path.to_path_buf(),
+            dir: dir.clone(),
+            source,
+        }
+    })?;
     Ok(())
 }
 
@@ -251,7 +195,7 @@ mod tests {
                 ..DeviceNodeEdit::default()
             });
         assert_eq!(minimum_version(&s), "0.5.0");
-        s.annotations = Some(Default::default());
+        s.annotations = Some([("a".to_string(), "b".to_string())].into());
         assert_eq!(minimum_version(&s), "0.6.0");
         s.container_edits.additional_gids.push(5);
         assert_eq!(minimum_version(&s), "0.7.0");

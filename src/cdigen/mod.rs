@@ -1,0 +1,6 @@
+//! `gpufence cdi generate|list`: the node's GPUs as a CDI spec — the third applier of the plan's
+//! edits (beside the runtime's spec edits and the hook's namespace edits). The CDI format itself
+//! (types, names, validation, minimum version, loading) is [`crate::cdi`].
+
+pub mod cli;
+pub mod generate;

@@ -1,0 +1,101 @@
+//! gpufence-runtime under real runc, issue 15: a blocking image cannot hang `create` (the ld cache
+//! worker has a deadline), and `delete` of a container that no longer exists cleans its state.
+
+mod common;
+mod runtime_support;
+
+use std::time::{Duration, Instant};
+
+use runtime_support::{bundle, node, runc_list, runtime, unique_id};
+
+/// An image whose `/etc/ld.so.conf` is a FIFO blocked the ld cache refresh the wrapper runs
+/// before runc, and the wrapper waited for its worker without limit. Now the worker is killed at
+/// `timeouts.worker`: one line, no container, `config.json` byte-identical, no state left.
+#[test]
+fn blocking_image_does_not_hang_create() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-sec-fifo");
+    let n = node(&s, 2, &[("timeouts.worker", toml_edit::value(2))]);
+    let b = bundle(
+        &s,
+        "b",
+        "echo should-not-run",
+        &[("gpufence.dev/devices", "1")],
+        &[],
+    );
+    nix::unistd::mkfifo(
+        &b.join("rootfs/etc/ld.so.conf"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let before = std::fs::read(b.join("config.json")).unwrap();
+    let root = s.join("runc-root");
+    let id = unique_id("fifo");
+    let started = Instant::now();
+    let (code, out, err) = runtime(
+        &n,
+        &root,
+        &s.join("runc.log"),
+        &["create", "--bundle", b.to_str().unwrap(), &id],
+    );
+    let took = started.elapsed();
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(lines[0].contains(&id), "{err}");
+    assert!(
+        lines[0].contains("no result within 2s") || lines[0].contains("ld.so.conf"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
+    assert!(!runc_list(&root).contains(&id));
+    assert!(!n.state_dir.join(&id).exists());
+}
+
+/// A foreground `runc run` destroys its container when the process exits; containerd-style
+/// callers then still run `delete`, which runc answers with "container does not exist". The
+/// state directory must go then too: the container no longer exists.
+#[test]
+fn delete_after_foreground_run_cleans_state() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-sec-stale");
+    let n = node(&s, 2, &[]);
+    for (i, script) in ["true", "exit 3", "kill -9 $$"].iter().enumerate() {
+        stale_case(&s, &n, &format!("b{i}"), script);
+    }
+}
+
+fn stale_case(s: &std::path::Path, n: &runtime_support::Node, name: &str, script: &str) {
+    let b = bundle(s, name, script, &[("gpufence.dev/devices", "0")], &[]);
+    let root = s.join("runc-root");
+    let id = unique_id("stale");
+    let (code, out, err) = runtime(
+        n,
+        &root,
+        &s.join("runc.log"),
+        &["run", "-b", b.to_str().unwrap(), &id],
+    );
+    assert!(
+        code == 0 || code == 3,
+        "{script}: run exit {code}: {out}{err}"
+    );
+    let state = n.state_dir.join(&id);
+    assert!(state.join("quota").exists(), "state written by create");
+    assert!(
+        !runc_list(&root).contains(&id),
+        "runc run removed its container"
+    );
+    let (code, _, err) = runtime(n, &root, &s.join("runc.log"), &["delete", &id]);
+    assert!(
+        !state.exists(),
+        "{script}: state left behind (delete exit {code}: {err})"
+    );
+    // Deleting again: nothing left, runc's answer passed through.
+    let (code2, _, err2) = runtime(n, &root, &s.join("runc.log"), &["delete", &id]);
+    assert_eq!(code, code2, "{err} / {err2}");
+}
