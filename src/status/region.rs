@@ -16,7 +16,8 @@ pub const FILE_NAME: &str = layout::FILE_NAME;
 /// Figures of one quota device (container ordinal order).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceUsage {
-    /// Bytes charged container-wide.
+    /// Bytes charged container-wide: the header's total, or the slots' sum where that is more
+    /// (the shim's own view, `Region::used`).
     pub used: u64,
     /// Highest bytes charged (`None`: the region has no stats block this reader knows).
     pub peak: Option<u64>,
@@ -103,9 +104,17 @@ pub fn decode(b: &[u8], devices: usize) -> Result<Usage, DecodeError> {
     }
     let stats = word(b, off::STATS_VERSION) == layout::stats::VERSION;
     let at = |base: usize, d: usize| word(b, base + 8 * d);
+    let slot_sum = |d: usize| {
+        (0..SLOTS).fold(0u64, |acc, i| {
+            acc.saturating_add(word(
+                b,
+                off::SLOTS + i * off::SLOT_SIZE + off::SLOT_USED + 8 * d,
+            ))
+        })
+    };
     let devices = (0..devices)
         .map(|d| {
-            let used = at(off::USED, d);
+            let used = at(off::USED, d).max(slot_sum(d));
             DeviceUsage {
                 used,
                 peak: stats.then(|| at(off::PEAK, d).max(used)),
@@ -175,11 +184,12 @@ mod tests {
         put(&mut b, slot(9) + off::SLOT_USED, 5);
         let u = decode(&b, 2).unwrap();
         assert_eq!(u.pids, [5, 7]);
+        // a slot being reclaimed still counts until its counters are swapped out (as in the shim)
         assert_eq!(
             u.devices[0],
             DeviceUsage {
-                used: 0,
-                peak: Some(0),
+                used: 5,
+                peak: Some(5),
                 refusals: Some(0),
                 last_refused: Some(0),
                 compute_ns: None
@@ -198,6 +208,19 @@ mod tests {
         put(&mut b, off::USED, 900);
         put(&mut b, off::PEAK, 100);
         assert_eq!(decode(&b, 1).unwrap().devices[0].peak, Some(900));
+        // a zeroed header does not hide what the slots hold
+        put(&mut b, off::USED, 0);
+        put(
+            &mut b,
+            off::SLOTS + 2 * off::SLOT_SIZE + off::SLOT_USED,
+            700,
+        );
+        put(
+            &mut b,
+            off::SLOTS + 5 * off::SLOT_SIZE + off::SLOT_USED,
+            200,
+        );
+        assert_eq!(decode(&b, 1).unwrap().devices[0].used, 900);
         put(&mut b, off::STATS_VERSION, 12345);
         let d = decode(&b, 1).unwrap().devices[0];
         assert_eq!((d.used, d.peak, d.refusals), (900, None, None));
