@@ -463,8 +463,9 @@ mod tests {
         let f = fork_with_deadline("worker", Duration::from_secs(10), |_| {
             let mut ok = true;
             for fd in 0..=2 {
-                // SAFETY: fstat into a zeroed stat buffer.
+                // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: fstat writes into the live, properly sized buffer `st`.
                 ok &= unsafe { libc::fstat(fd, &mut st) } == 0
                     && st.st_mode & libc::S_IFMT == libc::S_IFCHR
                     && st.st_rdev == libc::makedev(1, 3);

@@ -325,23 +325,12 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
 pub(crate) fn ldcache_run(
     plan: &crate::plan::Plan,
 ) -> Result<Option<apply::LdcacheRun>, HookError> {
-    let Some(h) =
-        plan.edits.hooks.iter().find(|h| {
-            h.hook_name == "createContainer" && h.args.iter().any(|a| a == "update-ldcache")
-        })
-    else {
-        return Ok(None);
-    };
-    let folders: Vec<String> = h
-        .args
-        .windows(2)
-        .filter(|w| w[0] == "--folder")
-        .map(|w| w[1].clone())
-        .collect();
-    if folders.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(apply::LdcacheRun { folders }))
+    Ok(plan
+        .edits
+        .hooks
+        .iter()
+        .find_map(crate::plan::ldcache_hook_folders)
+        .map(|folders| apply::LdcacheRun { folders }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

@@ -384,6 +384,21 @@ pub fn ldcache_hook(config: &crate::config::Config, folders: &[String]) -> crate
     }
 }
 
+/// The folders of a `… hook update-ldcache --folder DIR…` createContainer hook (the inverse of
+/// [`ldcache_hook`]); `None` for any other hook or one without folders.
+pub fn ldcache_hook_folders(h: &crate::cdi::HookEdit) -> Option<Vec<String>> {
+    if h.hook_name != "createContainer" || !h.args.iter().any(|a| a == "update-ldcache") {
+        return None;
+    }
+    let folders: Vec<String> = h
+        .args
+        .windows(2)
+        .filter(|w| w[0] == "--folder")
+        .map(|w| w[1].clone())
+        .collect();
+    (!folders.is_empty()).then_some(folders)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

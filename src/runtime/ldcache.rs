@@ -39,16 +39,8 @@ pub struct Refresh {
 /// ([`crate::plan::ldcache_hook`] for this configuration): a hook from a foreign CDI spec is left
 /// to runc.
 fn own_hook_folders(cfg: &Config, h: &crate::cdi::HookEdit) -> Option<Vec<String>> {
-    if h.hook_name != "createContainer" {
-        return None;
-    }
-    let folders: Vec<String> = h
-        .args
-        .windows(2)
-        .filter(|w| w[0] == "--folder")
-        .map(|w| w[1].clone())
-        .collect();
-    (!folders.is_empty() && *h == crate::plan::ldcache_hook(cfg, &folders)).then_some(folders)
+    let folders = crate::plan::ldcache_hook_folders(h)?;
+    (*h == crate::plan::ldcache_hook(cfg, &folders)).then_some(folders)
 }
 
 /// Whether the spec puts the container in a user namespace (its own or a joined one).

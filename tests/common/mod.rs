@@ -68,14 +68,54 @@ pub fn skip_unless(tools: &[&str]) -> bool {
     true
 }
 
-/// A unique scratch directory (kept on failure for inspection under /tmp/gpufence-tests).
+/// A unique scratch directory (kept for inspection under /tmp/gpufence-tests until a later test
+/// process sweeps it: directories of test processes that are gone are removed on first use, so
+/// repeated runs do not fill the disk).
 pub fn scratch(name: &str) -> PathBuf {
     let base = PathBuf::from("/tmp/gpufence-tests");
     std::fs::create_dir_all(&base).unwrap();
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| sweep_dead(&base));
     let d = base.join(format!("{name}-{}-{}", std::process::id(), unique()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// Remove `<name>-<pid>-<n>` directories whose process no longer exists. A directory with
+/// anything mounted below it is left alone (removing through a bind mount would delete the
+/// mounted files).
+fn sweep_dead(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mount_points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .collect();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (Some(_n), Some(pid), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = e.path();
+        let prefix = format!("{}/", dir.display());
+        if mount_points
+            .iter()
+            .any(|m| *m == dir.to_string_lossy() || m.starts_with(&prefix))
+        {
+            continue;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn unique() -> u64 {
