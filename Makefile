@@ -27,9 +27,9 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@$(MAKE) --no-print-directory rust package-tools
-	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc' 2>/dev/null; then \
-	  echo ">> python venv for the CRI client"; mkdir -p target; python3 -m venv $(PY_VENV) && \
-	  $(PY_VENV)/bin/pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf; \
+	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc, prometheus_client' 2>/dev/null; then \
+	  echo ">> python venv for the CRI client and the Prometheus text parser"; mkdir -p target; python3 -m venv $(PY_VENV) && \
+	  $(PY_VENV)/bin/python -m pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf 'prometheus-client>=0.20'; \
 	fi
 
 rust:

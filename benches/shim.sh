@@ -7,6 +7,8 @@
 # The launched kernel takes no device time, so pacing never sleeps: what is measured is the
 # limiter's bookkeeping on every launch.
 # Needs root (fake device node for the simulated GPU) and gcc. Usage: benches/shim.sh [PROFILE]
+# SHIM_BEFORE=/path/to/an/older/libgpufence.so adds an "enforce-before" arm (same client, same
+# rounds, interleaved) to compare two builds of the shim in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=${1:-release}
@@ -40,12 +42,16 @@ run() { # variant -> "pair_ns launch_ns"
     enforce) out=$(GPUFENCE_STATE="$W/state" LD_PRELOAD="$SHIM" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES") ;;
     cores) out=$(GPUFENCE_STATE="$W/cores" LD_PRELOAD="$SHIM" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES") ;;
     pass) out=$(GPUFENCE_STATE="$W/nostate" LD_PRELOAD="$SHIM" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES") ;;
+    enforce-before) rm -f "$W/state/accounting"
+      out=$(GPUFENCE_STATE="$W/state" LD_PRELOAD="$SHIM_BEFORE" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES")
+      rm -f "$W/state/accounting" ;;
   esac
   echo "$(awk '/^bench/{print $2}' <<<"$out") $(awk '/^launch/{print $2}' <<<"$out")"
 }
+VARIANTS="base enforce cores pass${SHIM_BEFORE:+ enforce-before}"
 declare -A P L
 for r in $(seq "$ROUNDS"); do
-  for v in base enforce cores pass; do
+  for v in $VARIANTS; do
     read -r p l < <(run $v)
     P[$v]+="$p "; L[$v]+="$l "
   done
@@ -53,11 +59,11 @@ done
 median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{a[NR]=$1} END{print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 echo "libgpufence.so overhead ($PROFILE build, $ROUNDS interleaved rounds, medians; $(nproc) CPUs)"
 printf '%-34s %14s %14s\n' variant "alloc+free ns" "launch ns"
-for v in base enforce cores pass; do
+for v in $VARIANTS; do
   printf '%-34s %14s %14s\n' "$v" "$(median "${P[$v]}")" "$(median "${L[$v]}")"
 done
 bp=$(median "${P[base]}"); bl=$(median "${L[base]}")
-for v in enforce cores pass; do
+for v in ${VARIANTS#base }; do
   awk -v n="$v" -v p="$(median "${P[$v]}")" -v l="$(median "${L[$v]}")" -v bp="$bp" -v bl="$bl" \
     'BEGIN{printf "added by shim (%s): %+.1f ns/pair (x%.2f), %+.1f ns/launch (x%.2f)\n", n, p-bp, p/bp, l-bl, l/bl}'
 done

@@ -243,6 +243,9 @@ pub struct ShimConfig {
     /// The interception shim to inject (host path).
     pub library: PathBuf,
     pub inject: ShimInject,
+    /// The shim explains a refused allocation with one line on the process's stderr (once per
+    /// process); `false` writes `refusal-messages=0` into the quota file.
+    pub refusal_messages: bool,
 }
 
 impl Default for ShimConfig {
@@ -250,6 +253,7 @@ impl Default for ShimConfig {
         ShimConfig {
             library: PathBuf::from("/usr/lib/gpufence/libgpufence.so"),
             inject: ShimInject::LdSoPreload,
+            refusal_messages: true,
         }
     }
 }

@@ -6,13 +6,25 @@
 pub struct Exit {
     pub code: i32,
     pub message: String,
+    /// Why a container creation was refused, where the failing step knows better than the exit
+    /// code (counted by reason for `gpufence exporter`).
+    pub reason: Option<crate::status::refusals::Reason>,
 }
 
 impl Exit {
     pub fn new(code: i32, message: impl std::fmt::Display) -> Self {
         // Keep it to one line whatever the source error printed.
         let message = message.to_string().replace('\n', " ");
-        Exit { code, message }
+        Exit {
+            code,
+            message,
+            reason: None,
+        }
+    }
+    /// The same failure, counted under `reason` when it refuses a container.
+    pub fn because(mut self, reason: crate::status::refusals::Reason) -> Self {
+        self.reason = Some(reason);
+        self
     }
     /// Invalid input (allocation, arguments, files): exit 1.
     pub fn invalid(message: impl std::fmt::Display) -> Self {

@@ -240,6 +240,7 @@ mod tests {
             oversubscribe: false,
             devices: vec![],
             cores_burst: false,
+            quiet_refusals: false,
         };
         let plan = Plan {
             state_dir: Some(own.display().to_string()),

@@ -32,3 +32,4 @@ pub mod quantity;
 pub mod quota;
 pub mod runtime;
 pub mod sim;
+pub mod status;

@@ -11,9 +11,11 @@
 //! device.0.memory=4294967296
 //! device.0.cores=50
 //! cores-policy=burst
+//! refusal-messages=0
 //! ```
 //! `cores-policy` (`hard`, the default when absent, or `burst`) applies to every device with
-//! `cores`.
+//! `cores`. `refusal-messages=0` (only written when set) keeps the shim from explaining a refused
+//! allocation on the process's stderr (`shim.refusal-messages` in config.toml).
 //! `device.<i>` is the container's CUDA ordinal; the shim matches devices by UUID first and falls
 //! back to the ordinal.
 
@@ -40,6 +42,13 @@ pub struct Quota {
     /// `cores-policy=burst`: a device's compute share may use idle GPU time (work-conserving).
     #[serde(default)]
     pub cores_burst: bool,
+    /// No line on stderr when the shim refuses an allocation.
+    #[serde(default, rename = "quietRefusals", skip_serializing_if = "is_false")]
+    pub quiet_refusals: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Quota {
@@ -53,6 +62,9 @@ impl Quota {
         } else {
             "oversubscribe=0\n"
         });
+        if self.quiet_refusals {
+            s.push_str("refusal-messages=0\n");
+        }
         for d in &self.devices {
             let i = d.ordinal;
             s.push_str(&format!("device.{i}.uuid={}\n", d.uuid));
@@ -98,6 +110,7 @@ impl Quota {
                         _ => return Err(bad()),
                     }
                 }
+                "refusal-messages" => q.quiet_refusals = !parse_bool(v).ok_or_else(bad)?,
                 _ => {
                     let Some(rest) = k.strip_prefix("device.") else {
                         continue;
@@ -192,14 +205,21 @@ mod tests {
                 },
             ],
             cores_burst: true,
+            quiet_refusals: false,
         };
         assert_eq!(Quota::parse(&q.render()).unwrap(), q);
         let hard = Quota {
             cores_burst: false,
-            ..q
+            ..q.clone()
         };
         assert!(!hard.render().contains("cores-policy"));
         assert_eq!(Quota::parse(&hard.render()).unwrap(), hard);
+        let quiet = Quota {
+            quiet_refusals: true,
+            ..q
+        };
+        assert!(quiet.render().contains("\nrefusal-messages=0\n"));
+        assert_eq!(Quota::parse(&quiet.render()).unwrap(), quiet);
     }
 
     #[test]

@@ -122,8 +122,9 @@ fn spec_mounts_cannot_hide_gpufence_and_root_cannot_write_host_state() {
         size <= 1 << 20,
         "the container grew its region to {size}: {ctx}"
     );
-    // The host's state directory holds only the quota, as the host wrote it.
-    assert_eq!(host_entries, ["quota"], "{ctx}");
+    // The host's state directory holds only what the host wrote: the quota and the status
+    // record for `gpufence ps` (never mounted into the container).
+    assert_eq!(host_entries, ["quota", "status.json"], "{ctx}");
     assert!(
         host_quota.contains("device.0.memory=67108864"),
         "{host_quota}"

@@ -27,6 +27,9 @@ mod quota;
 
 mod cores;
 mod elfsym;
+mod explain;
+#[path = "../../src/status/human.rs"]
+mod human;
 mod launch;
 mod nvml;
 mod real;
@@ -135,6 +138,7 @@ static ATFORK: AtomicBool = AtomicBool::new(false);
 extern "C" fn atfork_child() {
     // async-signal-safe: atomics only
     region::forget_process();
+    explain::forget_process();
     table::forget();
     state::forget_process();
     cores::forget_process();
@@ -172,10 +176,22 @@ fn enforce_current() -> Option<(&'static Config, Acct)> {
     enforce_dev(d)
 }
 
+/// Charge `bytes` on `a` for the driver call `what`; a refusal is counted in the region and
+/// explained on stderr.
+#[inline]
+fn charge(cfg: &Config, a: Acct, what: &str, bytes: u64) -> bool {
+    let ok = cfg.region.charge(a.idx, bytes, a.limit);
+    if !ok {
+        explain::refused(cfg, a, what, bytes);
+    }
+    ok
+}
+
 /// Charge, call the driver, record (or roll back).
 #[inline]
 fn charged(
     e: Option<(&'static Config, Acct)>,
+    what: &str,
     kind: Kind,
     bytes: u64,
     call: impl FnOnce() -> CUresult,
@@ -184,7 +200,7 @@ fn charged(
     let Some((cfg, a)) = e else {
         return call();
     };
-    if !cfg.region.charge(a.idx, bytes, a.limit) {
+    if !charge(cfg, a, what, bytes) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let r = call();
@@ -239,6 +255,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
         }
         charged(
             e,
+            "cuMemAlloc",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes) },
@@ -257,6 +274,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         let f = real_or!(cuMemAllocManaged);
         charged(
             enforce_current(),
+            "cuMemAllocManaged",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, flags) },
@@ -282,7 +300,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let estimate = (width.div_ceil(512) as u64)
             .saturating_mul(512)
             .saturating_mul(height as u64);
-        if !cfg.region.charge(a.idx, estimate, a.limit) {
+        if !charge(cfg, a, "cuMemAllocPitch", estimate) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         let r = unsafe { f(dptr, pitch, width, height, elem) };
@@ -292,7 +310,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         }
         let (p, ptr) = unsafe { (pitch.read() as u64, dptr.read()) };
         let actual = p.saturating_mul(height as u64);
-        if actual > estimate && !cfg.region.charge(a.idx, actual - estimate, a.limit) {
+        if actual > estimate && !charge(cfg, a, "cuMemAllocPitch", actual - estimate) {
             if let Some(free) = real::cuMemFree_v2() {
                 unsafe { free(ptr) };
             }
@@ -323,6 +341,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: u
         let f = real_or!(cuMemAllocAsync);
         charged(
             enforce_current(),
+            "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, stream) },
@@ -341,6 +360,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
         let f = real_or!(cuMemAllocAsync_ptsz);
         charged(
             enforce_current(),
+            "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, stream) },
@@ -369,6 +389,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         let f = real_or!(cuMemAllocFromPoolAsync);
         charged(
             enforce_pool(pool),
+            "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, pool, stream) },
@@ -388,6 +409,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
         let f = real_or!(cuMemAllocFromPoolAsync_ptsz);
         charged(
             enforce_pool(pool),
+            "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
             || unsafe { f(dptr, bytes, pool, stream) },
@@ -495,6 +517,7 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         charged(
             e,
+            "cuMemCreate",
             Kind::Vmm,
             size as u64,
             || unsafe { f(handle, size, prop, flags) },
@@ -524,6 +547,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
         let bytes = array_bytes(d.width, d.height, 0, d.format, d.channels, 1);
         charged(
             enforce_current(),
+            "cuArrayCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc) },
@@ -546,6 +570,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1);
         charged(
             enforce_current(),
+            "cuArray3DCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc) },
@@ -569,6 +594,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels);
         charged(
             enforce_current(),
+            "cuMipmappedArrayCreate",
             Kind::Array,
             bytes,
             || unsafe { f(handle, desc, levels) },

@@ -7,6 +7,7 @@
 //! header:  magic, layout, used[64], slots_hwm    (bytes charged per quota device, container-wide;
 //!                                                 slots ever taken: the live ones lie below)
 //! slot*1024: owner, used[64]                     (bytes charged by one process)
+//! stats:   version, peak[64], refusals[64], …    (observability, versioned on its own: stats.rs)
 //! ```
 //! `owner` is 0 (free), a process key `pid << 40 | starttime & (2^40-1)` (start time from
 //! `/proc/<pid>/stat`, so a reused pid is a different key), or `RECLAIM | key of the reclaimer`.
@@ -28,11 +29,16 @@
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+#[path = "stats.rs"]
+pub mod stats;
+
 pub const MAX_DEVICES: usize = 64;
 pub const SLOTS: usize = 1024;
-const MAGIC: u64 = 0x6770_7566_656e_6365; // "gpufence"
-const LAYOUT: u64 = ((SLOTS as u64) << 16) | MAX_DEVICES as u64 | (2 << 40);
-const RECLAIM: u64 = 1 << 63;
+pub const MAGIC: u64 = 0x6770_7566_656e_6365; // "gpufence"
+/// Bits 40..: layout revision (2: `slots_hwm` in the header; 3: the stats block follows the
+/// slots).
+pub const LAYOUT: u64 = ((SLOTS as u64) << 16) | MAX_DEVICES as u64 | (3 << 40);
+pub const RECLAIM: u64 = 1 << 63;
 const START_BITS: u32 = 40;
 /// File name of the region inside `$GPUFENCE_STATE`.
 pub const FILE_NAME: &str = "accounting";
@@ -56,9 +62,30 @@ pub struct Slot {
 pub struct Region {
     header: Header,
     slots: [Slot; SLOTS],
+    stats: stats::Stats,
 }
 
 pub const SIZE: usize = std::mem::size_of::<Region>();
+
+/// Byte offsets of the fields a host-side reader decodes (`gpufence ps`, the exporter), from
+/// the one definition above.
+#[allow(dead_code)]
+pub mod offsets {
+    use super::Region;
+    use std::mem::{offset_of, size_of};
+    pub const MAGIC: usize = offset_of!(Region, header.magic);
+    pub const LAYOUT: usize = offset_of!(Region, header.layout);
+    pub const USED: usize = offset_of!(Region, header.used);
+    pub const SLOTS: usize = offset_of!(Region, slots);
+    pub const SLOT_SIZE: usize = size_of::<super::Slot>();
+    pub const SLOT_OWNER: usize = offset_of!(super::Slot, owner);
+    pub const SLOT_USED: usize = offset_of!(super::Slot, used);
+    pub const STATS_VERSION: usize = offset_of!(Region, stats.version);
+    pub const PEAK: usize = offset_of!(Region, stats.peak);
+    pub const REFUSALS: usize = offset_of!(Region, stats.refusals);
+    pub const LAST_REFUSED: usize = offset_of!(Region, stats.last_refused);
+    pub const COMPUTE_NS: usize = offset_of!(Region, stats.compute_ns);
+}
 
 /// Where the region came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +121,7 @@ pub fn open(dir: &CStr) -> Option<(&'static Region, Backing)> {
     let r = unsafe { &*(p as *const Region) };
     r.header.magic.store(MAGIC, Ordering::Relaxed);
     r.header.layout.store(LAYOUT, Ordering::Relaxed);
+    r.stats.stamp();
     Some((r, Backing::Private))
 }
 
@@ -152,6 +180,7 @@ fn open_file(dir: &CStr) -> Option<&'static Region> {
             libc::munmap(p, SIZE);
             return None;
         }
+        r.stats.stamp();
         Some(r)
     }
 }
@@ -371,19 +400,24 @@ impl Region {
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
                     u.checked_add(bytes).filter(|n| *n <= limit)
                 })
-                .is_ok()
+                .ok()
         };
-        if !try_add() && (self.reclaim_dead() == 0 || !try_add()) {
+        let Some(before) = try_add().or_else(|| (self.reclaim_dead() != 0).then(try_add).flatten())
+        else {
+            self.stats.note_refusal(d, bytes);
             return false;
-        }
+        };
         // The header passed; the live slots must agree (by the invariant they never hold more
         // than the header did before our add, so this refuses only a lowered header).
         let live = self.live_sum(d);
         if live.saturating_add(bytes) > limit {
             total.fetch_sub(bytes, Ordering::AcqRel);
             total.fetch_max(live, Ordering::AcqRel);
+            self.stats.note_refusal(d, bytes);
             return false;
         }
+        self.stats
+            .note_in_use(d, before.max(live).saturating_add(bytes));
         if let Some(s) = slot {
             s.used[d].fetch_add(bytes, Ordering::AcqRel);
         }

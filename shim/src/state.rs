@@ -29,6 +29,8 @@ pub struct Entry {
 
 pub struct Config {
     pub oversubscribe: bool,
+    /// Explain a refused allocation on stderr (once per process).
+    pub explain: bool,
     pub entries: Vec<Entry>,
     pub region: &'static Region,
     pub backing: Backing,
@@ -143,13 +145,16 @@ pub fn state_dir(fixed: bool) -> CString {
 fn load() -> Option<Config> {
     let fixed = in_gpufence_container();
     let dir = state_dir(fixed);
-    let (oversubscribe, cores_burst, entries) = quota_entries(&dir, fixed)?;
+    let (oversubscribe, cores_burst, entries, quiet) = quota_entries(&dir, fixed)?;
     let any_cores = entries.iter().any(|e| e.cores.is_some());
+    let explain = !quiet
+        && std::env::var_os("GPUFENCE_REFUSAL_MESSAGES").is_none_or(|v| v != "0" && v != "false");
     let opened = region::open(&dir);
     match opened {
         // Inside a gpufence container the region must be the container's shared one.
         Some((region, backing)) if !(fixed && backing == Backing::Private) => Some(Config {
             oversubscribe,
+            explain,
             entries,
             region,
             backing,
@@ -161,6 +166,7 @@ fn load() -> Option<Config> {
             warn("cannot map the container's accounting region; refusing all device memory");
             Some(Config {
                 oversubscribe: false,
+                explain,
                 entries: entries
                     .into_iter()
                     .map(|e| Entry { limit: 0, ..e })
@@ -185,8 +191,8 @@ fn empty_region() -> Option<&'static Region> {
 /// The quota: from the file when it exists; a file that exists but cannot be read or parsed
 /// fails closed (every device limited to 0), and so does a missing one inside a gpufence
 /// container (`fixed`); elsewhere env only without a file; None = no quota.
-/// (oversubscribe, cores burst, devices)
-type Entries = (bool, bool, Vec<Entry>);
+/// (oversubscribe, cores burst, devices, quota silences refusal messages)
+type Entries = (bool, bool, Vec<Entry>, bool);
 
 fn quota_entries(dir: &CStr, fixed: bool) -> Option<Entries> {
     let path = format!("{}/quota", dir.to_string_lossy());
@@ -206,17 +212,20 @@ fn quota_entries(dir: &CStr, fixed: bool) -> Option<Entries> {
                         uuid_text: d.uuid.clone(),
                     })
                     .collect(),
+                q.quiet_refusals,
             )),
             Err(e) => {
                 warn(&format!("{path}: {e}; refusing all device memory"));
-                Some((false, false, fail_closed()))
+                Some((false, false, fail_closed(), false))
             }
         },
         // A gpufence container always has its quota file: gone means tampered with.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !fixed => env_entries(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !fixed => {
+            env_entries().map(|(o, b, e)| (o, b, e, false))
+        }
         Err(e) => {
             warn(&format!("{path}: {e}; refusing all device memory"));
-            Some((false, false, fail_closed()))
+            Some((false, false, fail_closed(), false))
         }
     }
 }
@@ -233,7 +242,7 @@ fn fail_closed() -> Vec<Entry> {
         .collect()
 }
 
-fn env_entries() -> Option<Entries> {
+fn env_entries() -> Option<(bool, bool, Vec<Entry>)> {
     let mut entries: Vec<Entry> = Vec::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {

@@ -408,6 +408,7 @@ pub(crate) mod tests {
             let mut q = crate::quota::Quota {
                 oversubscribe: false,
                 cores_burst: false,
+                quiet_refusals: false,
                 devices: a
                     .devices
                     .iter()

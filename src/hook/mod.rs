@@ -101,7 +101,16 @@ pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Re
     match enforce_state(&cfg, stage, &st) {
         Ok(()) => Ok(()),
         Err(e) => {
-            error!(container = %id, stage = stage.name(), error = %e, "refused: container creation aborted");
+            use crate::status::refusals::{Reason, count};
+            let reason = match &e {
+                HookError::Allocation(_) | HookError::Plan(_) => Reason::Allocation,
+                HookError::Inventory(_) => Reason::Inventory,
+                HookError::Config(_) => Reason::Config,
+                HookError::State(_) => Reason::Spec,
+                _ => Reason::Host,
+            };
+            count(&cfg.state_dir, reason);
+            error!(container = %id, stage = stage.name(), reason = reason.as_str(), error = %e, "refused: container creation aborted");
             Err(Exit::new(
                 e.code(),
                 format!("hook {}: container {id}: {e}", stage.name()),
@@ -153,6 +162,18 @@ fn enforce_state(
     let state_dir = plan.state_dir.as_ref().map(std::path::PathBuf::from);
     let created_state_dir = state_dir.as_ref().is_some_and(|d| !d.exists());
     let r = enforce_plan(cfg, st, &rootfs, &plan, &inventory_majors);
+    if r.is_ok() {
+        let pid = st.pid.and_then(|p| u32::try_from(p).ok());
+        let locator = crate::status::meta::Locator {
+            pid,
+            ..Default::default()
+        };
+        crate::status::meta::record(
+            &plan,
+            spec.get("annotations").and_then(|a| a.as_object()),
+            locator,
+        );
+    }
     // Fail closed without leftovers: the state directory is ours (id validated, under
     // state-dir); remove_dir_all does not follow symlinks.
     if r.is_err()

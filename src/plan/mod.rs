@@ -176,7 +176,7 @@ pub fn plan_with(
             edits.hooks.push(ldcache_hook(config, &dirs));
         }
         edits.env = env::env(spec, &alloc, config);
-        let mut q = quota::quota(&alloc);
+        let mut q = quota::quota(&alloc, config);
         // Memory backends (shim, driver, both) and MPS: their own modules, pure.
         let backends = crate::backend::decide(&alloc, inventory, config)?;
         crate::backend::shim_quota(&mut q, &backends);

@@ -7,8 +7,9 @@ use crate::quota::{DeviceQuota, Quota};
 use super::mounts::StatePaths;
 use super::{CONTAINER_SHIM_PATH, HostFile};
 
-/// The quota: per container device ordinal, its memory and compute limits.
-pub fn quota(alloc: &Allocation) -> Quota {
+/// The quota: per container device ordinal, its memory and compute limits; whether the shim
+/// explains refusals (`shim.refusal-messages`).
+pub fn quota(alloc: &Allocation, config: &crate::config::Config) -> Quota {
     Quota {
         oversubscribe: alloc.oversubscribe,
         devices: alloc
@@ -23,6 +24,7 @@ pub fn quota(alloc: &Allocation) -> Quota {
             })
             .collect(),
         cores_burst: alloc.cores_burst,
+        quiet_refusals: !config.shim.refusal_messages,
     }
 }
 

@@ -58,6 +58,8 @@ pub struct RuncArgs {
     pub log_format: Option<String>,
     /// Global `--root DIR`.
     pub root: Option<PathBuf>,
+    /// `--pid-file FILE` of `create`/`run` (where `gpufence ps` finds the container's init).
+    pub pid_file: Option<PathBuf>,
 }
 
 impl RuncArgs {
@@ -164,6 +166,8 @@ pub fn parse(args: &[OsString]) -> RuncArgs {
                 };
                 if (name == "bundle" || name == "b") && takes_value {
                     out.bundle = value.map(PathBuf::from);
+                } else if name == "pid-file" && takes_value {
+                    out.pid_file = value.map(PathBuf::from);
                 }
             }
             _ => out.container_id = Some(a.to_string_lossy().into_owned()),
@@ -248,6 +252,7 @@ mod tests {
     fn bundle_defaults_to_cwd_and_id_is_last() {
         let a = p(&["create", "--pid-file", "p", "--no-pivot", "id9"]);
         assert_eq!(a.bundle, None);
+        assert_eq!(a.pid_file, Some(PathBuf::from("p")));
         assert_eq!(a.container_id.as_deref(), Some("id9"));
     }
 

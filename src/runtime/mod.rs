@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
 use crate::plan::intake::{CdiSource, IntakeError};
+use crate::status::refusals::Reason;
 
 pub mod apply;
 pub mod args;
@@ -40,12 +41,15 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
         let mut phases = phases::Phases::start();
         let cfg = match Config::load(None) {
             Ok(c) => c,
-            Err(e) => return Err(report(&parsed, Exit::invalid(e))),
+            Err(e) => {
+                let e = Exit::invalid(e).because(Reason::Config);
+                return Err(report(&parsed, &Config::default(), e));
+            }
         };
         if let Err(e) = prepare_create(&parsed, &cfg, &mut phases) {
-            return Err(report(&parsed, e));
+            return Err(report(&parsed, &cfg, e));
         }
-        let rt = real_runtime(&cfg).map_err(|e| report(&parsed, e))?;
+        let rt = real_runtime(&cfg).map_err(|e| report(&parsed, &cfg, e))?;
         if let Some(p) = &phases {
             p.write(parsed.container_id.as_deref().unwrap_or(""), &cfg.state_dir);
         }
@@ -69,15 +73,21 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
 }
 
 /// The error goes to runc's `--log` file too (in runc's format), where containerd looks for the
-/// reason a create failed. The binary's `finish` prints it on stderr.
-fn report(parsed: &args::RuncArgs, e: Exit) -> Exit {
+/// reason a create failed. The binary's `finish` prints it on stderr. Counted by reason.
+fn report(parsed: &args::RuncArgs, cfg: &Config, e: Exit) -> Exit {
     if let Some(log) = &parsed.log {
         let msg = format!("gpufence-runtime: {}", e.message);
         if let Err(io) = runclog::append_error(log, &msg, parsed.log_is_json()) {
             eprintln!("gpufence-runtime: cannot write {}: {io}", log.display());
         }
     }
-    tracing::error!(container = parsed.container_id.as_deref().unwrap_or(""), error = %e.message, "refused");
+    let reason = e.reason.unwrap_or(if e.code == 1 {
+        Reason::Spec
+    } else {
+        Reason::Host
+    });
+    crate::status::refusals::count(&cfg.state_dir, reason);
+    tracing::error!(container = parsed.container_id.as_deref().unwrap_or(""), reason = reason.as_str(), error = %e.message, "refused");
     e
 }
 
@@ -138,8 +148,9 @@ fn prepare_create(
         None,
     )
     .map_err(|e| match e {
-        IntakeError::Allocation { .. } => Exit::invalid(e),
-        IntakeError::Inventory { .. } | IntakeError::Mps { .. } => Exit::env(e),
+        IntakeError::Allocation { .. } => Exit::invalid(e).because(Reason::Allocation),
+        IntakeError::Inventory { .. } => Exit::env(e).because(Reason::Inventory),
+        IntakeError::Mps { .. } => Exit::env(e).because(Reason::Host),
     })?;
     if let (Some(p), Some(us)) = (phases.as_mut(), inventory_us) {
         p.split("inventory", us);
@@ -169,6 +180,11 @@ fn prepare_create(
     crate::hostfiles::write_host_files(cfg, id, &plan)
         .map_err(|e| Exit::new(e.code(), e.to_string()))?;
     mark("hostfiles");
+    crate::status::meta::record(
+        &plan,
+        spec.get("annotations").and_then(|a| a.as_object()),
+        status_locator(parsed, cfg, &bundle),
+    );
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
@@ -249,6 +265,28 @@ fn container_exists(parsed: &args::RuncArgs, cfg: &Config, id: &str) -> bool {
         .join(id)
         .join("state.json")
         .exists()
+}
+
+/// Where `gpufence ps` will find the container's init process: the pid file (absolute) and the
+/// real runtime's state root.
+fn status_locator(
+    parsed: &args::RuncArgs,
+    cfg: &Config,
+    bundle: &Path,
+) -> crate::status::meta::Locator {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| bundle.to_path_buf());
+    crate::status::meta::Locator {
+        pid: None,
+        pid_file: parsed
+            .pid_file
+            .as_ref()
+            .map(|p| cwd.join(p).display().to_string()),
+        runtime_root: Some(
+            cwd.join(runtime_state_root(parsed, cfg))
+                .display()
+                .to_string(),
+        ),
+    }
 }
 
 fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {

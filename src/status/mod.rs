@@ -1,0 +1,15 @@
+//! What runs on this node's GPUs: `gpufence ps` and `gpufence exporter`.
+//!
+//! Data comes from the state directory only (never NVML): the host-written record of each GPU
+//! container ([`meta`], written at create time) and the live accounting region its processes
+//! share ([`region`]), read by [`read`] without trusting either. Refusals of container creation
+//! are counted in [`refusals`].
+
+#[cfg(feature = "exporter")]
+pub mod exporter;
+pub mod human;
+pub mod meta;
+pub mod ps;
+pub mod read;
+pub mod refusals;
+pub mod region;
