@@ -167,6 +167,16 @@ fn contending_containers_and_processes_sharing_one_budget() {
     let (sa, oa) = shares(ka);
     let (sb, ob) = shares(kb);
     assert_near(sa[0], 30.0, 5.0, &format!("30 % container\n{oa}"));
+    // What `gpufence ps` and the exporter show: the device time charged under the share, in the
+    // container's accounting region (4 s at 30 % ≈ 1.2 s, the first second included).
+    let region = std::fs::read(a.join("accounting")).unwrap();
+    let size = gpufence::status::region::SIZE;
+    let usage = gpufence::status::region::decode(&region[..size.min(region.len())], 1).unwrap();
+    let ns = usage.devices[0].compute_ns.unwrap_or(0);
+    assert!(
+        (600_000_000..=2_000_000_000).contains(&ns),
+        "compute time recorded for the 30 % container: {ns} ns"
+    );
     assert_near(sb[0], 70.0, 5.0, &format!("70 % container (graph)\n{ob}"));
     let each: Vec<f64> = four.into_iter().map(|k| shares(k).0[0]).collect();
     let total: f64 = each.iter().sum();

@@ -62,7 +62,7 @@ pub struct Slot {
 pub struct Region {
     header: Header,
     slots: [Slot; SLOTS],
-    stats: stats::Stats,
+    pub(crate) stats: stats::Stats,
 }
 
 pub const SIZE: usize = std::mem::size_of::<Region>();

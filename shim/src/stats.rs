@@ -28,9 +28,9 @@ pub struct Stats {
     pub(crate) refusals: [AtomicU64; MAX_DEVICES],
     /// Bytes asked by the most recent refused allocation.
     pub(crate) last_refused: [AtomicU64; MAX_DEVICES],
-    /// Compute share used, for the compute-share limiter (issue 10) to fill: cumulative device
-    /// time in nanoseconds charged to the container on this device. 0 until that lands; readers
-    /// show it only when non-zero.
+    /// Compute used: cumulative device time in nanoseconds the compute-share limiter charged to
+    /// the container's launches on this device (devices with a `cores` share; readers show it
+    /// only when non-zero).
     pub(crate) compute_ns: [AtomicU64; MAX_DEVICES],
 }
 
@@ -49,6 +49,14 @@ impl Stats {
             && now > p.load(Ordering::Relaxed)
         {
             p.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// A launch costing `ns` of device time was admitted on device `d` (compute share).
+    #[inline(always)]
+    pub fn note_compute(&self, d: usize, ns: u64) {
+        if let Some(c) = self.compute_ns.get(d) {
+            c.fetch_add(ns, Ordering::Relaxed);
         }
     }
 

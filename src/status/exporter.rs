@@ -74,8 +74,8 @@ impl StateCollector {
             Vec::new()
         });
         list.sort_by(|a, b| b.created.cmp(&a.created).then(a.id.cmp(&b.id)));
-        let (mut used, mut limit, mut peak, mut refused, mut last) =
-            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut used, mut limit, mut peak, mut refused, mut last, mut compute) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         let mut allocated: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut seen = HashSet::new();
         for c in &list {
@@ -102,6 +102,9 @@ impl StateCollector {
                 }
                 if let Some(r) = d.usage.refusals {
                     refused.push((labels.clone(), ConstCounter::new(r)));
+                }
+                if let Some(ns) = d.usage.compute_ns {
+                    compute.push((labels.clone(), ConstCounter::new(ns as f64 / 1e9)));
                 }
                 if let Some(b) = d.usage.last_refused {
                     last.push((labels, ConstGauge::new(b as f64)));
@@ -148,6 +151,14 @@ impl StateCollector {
             bytes,
             Gauge,
             &last,
+        )?;
+        family(
+            enc,
+            "gpufence_container_gpu_compute",
+            "Device time the container's kernel launches were charged under its compute share (gpufence.dev/cores).",
+            Some(&Unit::Seconds),
+            Counter,
+            &compute,
         )?;
         let node: Vec<(Labels, ConstGauge<f64>)> = allocated
             .into_iter()
