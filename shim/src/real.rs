@@ -92,7 +92,8 @@ fn object_base(addr: usize) -> usize {
     // SAFETY: Dl_info is a plain C struct of pointers and integers; all-zero (null pointers) is
     // a valid value, and dladdr overwrites it before any field is read.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only inspects the address (never dereferences it); `info` is a live out-pointer.
+    // SAFETY: dladdr only inspects the address (never dereferences it); `info` is a live
+    // out-pointer.
     if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
         return 0;
     }
@@ -197,7 +198,8 @@ fn find_loaded(lib: Lib) -> *mut c_void {
     ) -> c_int {
         // SAFETY: dl_iterate_phdr passes valid info; data is our Search.
         let s = unsafe { &mut *(data as *mut Search) };
-        // SAFETY: `info` points to the loader's dl_phdr_info for this object, valid during the callback.
+        // SAFETY: `info` points to the loader's dl_phdr_info for this object, valid during the
+        // callback.
         let name = unsafe { (*info).dlpi_name };
         if name.is_null() {
             return 0;
