@@ -96,8 +96,9 @@ fn map_section(cfg: &Config) -> Option<&'static Section> {
     }
     match SECTION.load(Ordering::Acquire) {
         0 | 1 => None,
-        // SAFETY: as in section().
         p => {
+            // SAFETY: as in section(): a value other than the 0/1 sentinels is a mapping of
+            // SECTION_SIZE bytes (file-backed or private) published once and never unmapped.
             let s = unsafe { &*(p as *const Section) };
             let _ = s
                 .magic

@@ -251,6 +251,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
         {
             // spill: host-backed managed memory, not charged to the device quota
             let m = real_or!(cuMemAllocManaged);
+            // SAFETY: `m` is the driver's own cuMemAllocManaged (dlsym'd, non-null, transmuted to
+            // its exact C signature); `dptr` is the application's out-pointer passed through, the
+            // flag a valid CU_MEM_ATTACH_GLOBAL.
             return unsafe { m(dptr, bytes, ATTACH_GLOBAL) };
         }
         charged(
@@ -258,7 +261,12 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
             "cuMemAlloc",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAlloc_v2 (dlsym'd, non-null, transmuted to its
+            // exact C signature); the application's arguments go through unchanged under the CUDA
+            // caller contract.
             || unsafe { f(dptr, bytes) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -277,7 +285,12 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             "cuMemAllocManaged",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAllocManaged (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             || unsafe { f(dptr, bytes, flags) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -294,6 +307,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     guard(|| {
         let f = real_or!(cuMemAllocPitch_v2);
         let Some((cfg, a)) = enforce_current() else {
+            // SAFETY: `f` is the driver's own cuMemAllocPitch_v2 (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             return unsafe { f(dptr, pitch, width, height, elem) };
         };
         // charge the widest pitch the driver may choose, then settle on the real one
@@ -303,15 +319,22 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         if !charge(cfg, a, "cuMemAllocPitch", estimate) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        // SAFETY: `f` is the driver's own cuMemAllocPitch_v2 (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(dptr, pitch, width, height, elem) };
         if r != CUDA_SUCCESS || pitch.is_null() || dptr.is_null() {
             cfg.region.uncharge(a.idx, estimate);
             return r;
         }
+        // SAFETY: `pitch` and `dptr` were checked non-null above and the driver just returned
+        // CUDA_SUCCESS, so both hold the values it wrote.
         let (p, ptr) = unsafe { (pitch.read() as u64, dptr.read()) };
         let actual = p.saturating_mul(height as u64);
         if actual > estimate && !charge(cfg, a, "cuMemAllocPitch", actual - estimate) {
             if let Some(free) = real::cuMemFree_v2() {
+                // SAFETY: `free` is the driver's cuMemFree_v2 (dlsym'd, non-null, exact signature);
+                // `ptr` is the allocation it just returned, freed exactly once.
                 unsafe { free(ptr) };
             }
             cfg.region.uncharge(a.idx, estimate);
@@ -329,6 +352,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemFree_v2);
+        // SAFETY: `f` is the driver's own cuMemFree_v2 (dlsym'd, non-null, transmuted to its exact
+        // C signature); the application's arguments go through unchanged under the CUDA caller
+        // contract.
         released(Kind::Linear, dptr, || unsafe { f(dptr) })
     })
 }
@@ -344,7 +370,12 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: u
             "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
+            // exact C signature); the application's arguments go through unchanged under the CUDA
+            // caller contract.
             || unsafe { f(dptr, bytes, stream) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -363,7 +394,12 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
             "cuMemAllocAsync",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
+            // to its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             || unsafe { f(dptr, bytes, stream) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -392,7 +428,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
             "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync (dlsym'd, non-null,
+            // transmuted to its exact C signature); the application's arguments go through
+            // unchanged under the CUDA caller contract.
             || unsafe { f(dptr, bytes, pool, stream) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -412,7 +453,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
             "cuMemAllocFromPoolAsync",
             Kind::Linear,
             bytes as u64,
+            // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync_ptsz (dlsym'd, non-null,
+            // transmuted to its exact C signature); the application's arguments go through
+            // unchanged under the CUDA caller contract.
             || unsafe { f(dptr, bytes, pool, stream) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(dptr) },
         )
     })
@@ -422,6 +468,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemFreeAsync);
+        // SAFETY: `f` is the driver's own cuMemFreeAsync (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
     })
 }
@@ -430,6 +479,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> CUresult {
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemFreeAsync_ptsz);
+        // SAFETY: `f` is the driver's own cuMemFreeAsync_ptsz (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
     })
 }
@@ -447,8 +499,13 @@ fn note_pool(pool: *mut usize, dev: c_int) {
 pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut usize, props: *const PropHead) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemPoolCreate);
+        // SAFETY: `f` is the driver's own cuMemPoolCreate (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(pool, props) };
         if r == CUDA_SUCCESS && !props.is_null() {
+            // SAFETY: `props` was checked non-null; the CUDA contract makes it a valid
+            // CUmemPoolProps, whose leading fields PropHead mirrors (repr(C)).
             let p = unsafe { &*props };
             if p.location_type == LOCATION_DEVICE {
                 note_pool(pool, p.location_id);
@@ -462,6 +519,9 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut usize, props: *const PropHea
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemPoolDestroy);
+        // SAFETY: `f` is the driver's own cuMemPoolDestroy (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(pool) };
         if r == CUDA_SUCCESS && state::config().is_some() {
             let _ = table::take(Kind::Pool, pool as u64);
@@ -474,6 +534,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut usize, dev: c_int) -> CUresult {
     guard(|| {
         let f = real_or!(cuDeviceGetDefaultMemPool);
+        // SAFETY: `f` is the driver's own cuDeviceGetDefaultMemPool (dlsym'd, non-null, transmuted
+        // to its exact C signature); the application's arguments go through unchanged under the
+        // CUDA caller contract.
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
@@ -486,6 +549,9 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut usize, dev: c_int)
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUresult {
     guard(|| {
         let f = real_or!(cuDeviceGetMemPool);
+        // SAFETY: `f` is the driver's own cuDeviceGetMemPool (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
@@ -508,6 +574,8 @@ pub unsafe extern "C" fn cuMemCreate(
         let e = if prop.is_null() || state::config().is_none() {
             None
         } else {
+            // SAFETY: `prop` was checked non-null; the CUDA contract makes it a valid
+            // CUmemAllocationProp, whose leading fields PropHead mirrors (repr(C)).
             let p = unsafe { &*prop };
             if p.location_type == LOCATION_DEVICE {
                 enforce_dev(p.location_id)
@@ -520,7 +588,12 @@ pub unsafe extern "C" fn cuMemCreate(
             "cuMemCreate",
             Kind::Vmm,
             size as u64,
+            // SAFETY: `f` is the driver's own cuMemCreate (dlsym'd, non-null, transmuted to its
+            // exact C signature); the application's arguments go through unchanged under the CUDA
+            // caller contract.
             || unsafe { f(handle, size, prop, flags) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(handle) },
         )
     })
@@ -530,6 +603,9 @@ pub unsafe extern "C" fn cuMemCreate(
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemRelease);
+        // SAFETY: `f` is the driver's own cuMemRelease (dlsym'd, non-null, transmuted to its exact
+        // C signature); the application's arguments go through unchanged under the CUDA caller
+        // contract.
         released(Kind::Vmm, handle, || unsafe { f(handle) })
     })
 }
@@ -541,8 +617,13 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
     guard(|| {
         let f = real_or!(cuArrayCreate_v2);
         if desc.is_null() {
+            // SAFETY: `f` is the driver's own cuArrayCreate_v2 (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             return unsafe { f(handle, desc) };
         }
+        // SAFETY: `desc` was checked non-null just above; the CUDA contract makes it a valid array
+        // descriptor for the duration of the call (read only).
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, 0, d.format, d.channels, 1);
         charged(
@@ -550,7 +631,12 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
             "cuArrayCreate",
             Kind::Array,
             bytes,
+            // SAFETY: `f` is the driver's own cuArrayCreate_v2 (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             || unsafe { f(handle, desc) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(handle.cast()) },
         )
     })
@@ -564,8 +650,13 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     guard(|| {
         let f = real_or!(cuArray3DCreate_v2);
         if desc.is_null() {
+            // SAFETY: `f` is the driver's own cuArray3DCreate_v2 (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             return unsafe { f(handle, desc) };
         }
+        // SAFETY: `desc` was checked non-null just above; the CUDA contract makes it a valid array
+        // descriptor for the duration of the call (read only).
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, 1);
         charged(
@@ -573,7 +664,12 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
             "cuArray3DCreate",
             Kind::Array,
             bytes,
+            // SAFETY: `f` is the driver's own cuArray3DCreate_v2 (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             || unsafe { f(handle, desc) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(handle.cast()) },
         )
     })
@@ -588,8 +684,13 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     guard(|| {
         let f = real_or!(cuMipmappedArrayCreate);
         if desc.is_null() {
+            // SAFETY: `f` is the driver's own cuMipmappedArrayCreate (dlsym'd, non-null, transmuted
+            // to its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             return unsafe { f(handle, desc, levels) };
         }
+        // SAFETY: `desc` was checked non-null just above; the CUDA contract makes it a valid array
+        // descriptor for the duration of the call (read only).
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.channels, levels);
         charged(
@@ -597,7 +698,12 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
             "cuMipmappedArrayCreate",
             Kind::Array,
             bytes,
+            // SAFETY: `f` is the driver's own cuMipmappedArrayCreate (dlsym'd, non-null, transmuted
+            // to its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             || unsafe { f(handle, desc, levels) },
+            // SAFETY: charged() runs this only after the driver returned CUDA_SUCCESS, i.e. wrote
+            // the out-slot; read_ptr rejects null.
             || unsafe { read_ptr(handle.cast()) },
         )
     })
@@ -607,6 +713,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 pub unsafe extern "C" fn cuArrayDestroy(handle: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuArrayDestroy);
+        // SAFETY: `f` is the driver's own cuArrayDestroy (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         released(Kind::Array, handle as u64, || unsafe { f(handle) })
     })
 }
@@ -615,6 +724,9 @@ pub unsafe extern "C" fn cuArrayDestroy(handle: usize) -> CUresult {
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMipmappedArrayDestroy);
+        // SAFETY: `f` is the driver's own cuMipmappedArrayDestroy (dlsym'd, non-null, transmuted to
+        // its exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         released(Kind::Array, handle as u64, || unsafe { f(handle) })
     })
 }
@@ -626,11 +738,16 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: usize) -> CUresult {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemGetInfo_v2);
+        // SAFETY: `f` is the driver's own cuMemGetInfo_v2 (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(free, total) };
         if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
             return r;
         }
         if let Some((cfg, a)) = enforce_current() {
+            // SAFETY: `free` and `total` were checked non-null and the driver just returned
+            // CUDA_SUCCESS, so both are initialised size_t slots.
             let (t, _, fr) = unsafe {
                 nvml::slice(
                     a.limit,
@@ -640,6 +757,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
                     0,
                 )
             };
+            // SAFETY: the same two non-null slots just read; the cuMemGetInfo contract makes them
+            // writable.
             unsafe {
                 total.write(t as usize);
                 free.write(fr as usize);
@@ -653,11 +772,16 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
     guard(|| {
         let f = real_or!(cuDeviceTotalMem_v2);
+        // SAFETY: `f` is the driver's own cuDeviceTotalMem_v2 (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(bytes, dev) };
         if r == CUDA_SUCCESS
             && !bytes.is_null()
             && let Some((_, a)) = enforce_dev(dev)
         {
+            // SAFETY: `bytes` was checked non-null and the driver just returned CUDA_SUCCESS, so it
+            // is an initialised, writable size_t.
             unsafe { bytes.write((bytes.read() as u64).min(a.limit) as usize) };
         }
         r
@@ -754,10 +878,14 @@ unsafe fn swap_proc(pfn: *mut Ptr, r: CUresult) -> CUresult {
     if r != CUDA_SUCCESS || pfn.is_null() || state::config().is_none() {
         return r;
     }
+    // SAFETY: `pfn` was checked non-null and the driver returned CUDA_SUCCESS, so it holds the
+    // function pointer the driver wrote.
     let p = unsafe { pfn.read() } as usize;
     if p != 0
         && let Some(h) = hook_for_real(p)
     {
+        // SAFETY: the same non-null `pfn` out-slot the caller gave; `h` is one of our own exports
+        // with the same C signature as the real function.
         unsafe { pfn.write(h as Ptr) };
     }
     r
@@ -772,12 +900,20 @@ pub unsafe extern "C" fn cuGetProcAddress(
 ) -> CUresult {
     guard(|| {
         let r = match real::cuGetProcAddress() {
+            // SAFETY: `f` is the driver's own cuGetProcAddress (dlsym'd, non-null, transmuted to
+            // its exact C signature); the application's arguments go through unchanged under the
+            // CUDA caller contract.
             Some(f) => unsafe { f(symbol, pfn, version, flags) },
             None => {
                 let f = real_or!(cuGetProcAddress_v2);
+                // SAFETY: `f` is the driver's own cuGetProcAddress_v2 (dlsym'd, non-null,
+                // transmuted to its exact C signature); the application's arguments go through
+                // unchanged under the CUDA caller contract.
                 unsafe { f(symbol, pfn, version, flags, std::ptr::null_mut()) }
             }
         };
+        // SAFETY: `pfn` is the caller's out-slot passed on unchanged; swap_proc checks success and
+        // null before touching it.
         unsafe { swap_proc(pfn, r) }
     })
 }
@@ -792,7 +928,12 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuGetProcAddress_v2);
+        // SAFETY: `f` is the driver's own cuGetProcAddress_v2 (dlsym'd, non-null, transmuted to its
+        // exact C signature); the application's arguments go through unchanged under the CUDA
+        // caller contract.
         let r = unsafe { f(symbol, pfn, version, flags, status) };
+        // SAFETY: `pfn` is the caller's out-slot passed on unchanged; swap_proc checks success and
+        // null before touching it.
         unsafe { swap_proc(pfn, r) }
     })
 }

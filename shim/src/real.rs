@@ -89,8 +89,11 @@ pub fn is_ours(addr: usize) -> bool {
 }
 
 fn object_base(addr: usize) -> usize {
-    // SAFETY: dladdr only inspects the address.
+    // SAFETY: Dl_info is a plain C struct of pointers and integers; all-zero (null pointers) is
+    // a valid value, and dladdr overwrites it before any field is read.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only inspects the address (never dereferences it); `info` is a live
+    // out-pointer.
     if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
         return 0;
     }
@@ -195,10 +198,13 @@ fn find_loaded(lib: Lib) -> *mut c_void {
     ) -> c_int {
         // SAFETY: dl_iterate_phdr passes valid info; data is our Search.
         let s = unsafe { &mut *(data as *mut Search) };
+        // SAFETY: `info` points to the loader's dl_phdr_info for this object, valid during the
+        // callback.
         let name = unsafe { (*info).dlpi_name };
         if name.is_null() {
             return 0;
         }
+        // SAFETY: dlpi_name is non-null (checked) and a NUL-terminated string owned by the loader.
         let full = unsafe { CStr::from_ptr(name) }.to_bytes();
         let file = full.rsplit(|b| *b == b'/').next().unwrap_or(full);
         if file.starts_with(s.stem) && full.len() < s.path.len() {

@@ -312,6 +312,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
                 .map(|n| n.cuda_driver_version)
                 .unwrap_or(12080),
         };
+        // SAFETY: put rejects a null `v`; otherwise the CUDA driver-API contract makes it a valid,
+        // writable out-pointer for an int.
         unsafe { put(v, ver) }
     })
 }
@@ -320,6 +322,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     guard(|| {
         let s = tri!(state());
+        // SAFETY: put rejects a null `count`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for an int.
         unsafe { put(count, s.devices.len() as c_int) }
     })
 }
@@ -329,6 +333,8 @@ pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUre
     guard(|| {
         let s = tri!(state());
         tri!(device(s, ordinal));
+        // SAFETY: put rejects a null `dev`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdevice.
         unsafe { put(dev, ordinal) }
     })
 }
@@ -357,12 +363,16 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> 
     guard(|| {
         let s = tri!(state());
         let d = tri!(device(s, dev));
+        // SAFETY: put rejects a null `uuid`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a 16-byte CUuuid.
         unsafe { put(uuid, d.uuid) }
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    // SAFETY: same caller contract as cuDeviceGetUuid (which null-checks `uuid` before writing);
+    // only forwarded.
     unsafe { cuDeviceGetUuid(uuid, dev) }
 }
 
@@ -371,6 +381,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     guard(|| {
         let s = tri!(state());
         let d = tri!(device(s, dev));
+        // SAFETY: put rejects a null `bytes`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a size_t.
         unsafe { put(bytes, d.total as usize) }
     })
 }
@@ -395,6 +407,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             102 => 1,                               // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             _ => 0,
         };
+        // SAFETY: put rejects a null `pi`; otherwise the CUDA driver-API contract makes it a valid,
+        // writable out-pointer for an int.
         unsafe { put(pi, v) }
     })
 }
@@ -417,6 +431,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
         CURRENT.with(|cur| cur.set(c));
+        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
     })
 }
@@ -442,6 +458,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevic
     guard(|| {
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
+        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
     })
 }
@@ -478,6 +496,8 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut usize) -> CUresult {
         tri!(state());
         let c = CURRENT.with(|cur| cur.replace(0));
         if !pctx.is_null() {
+            // SAFETY: `pctx` was checked non-null just above; the caller's contract makes it a
+            // writable CUcontext slot.
             unsafe { pctx.write(c) };
         }
         CUDA_SUCCESS
@@ -488,6 +508,8 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut usize) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut usize) -> CUresult {
     guard(|| {
         tri!(state());
+        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, CURRENT.with(Cell::get)) }
     })
 }
@@ -497,6 +519,8 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
     guard(|| {
         let s = tri!(state());
         let d = tri!(current_device(s));
+        // SAFETY: put rejects a null `dev`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdevice.
         unsafe { put(dev, d as CUdevice) }
     })
 }
@@ -514,6 +538,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             return CUDA_ERROR_INVALID_VALUE;
         }
         let used = d.used.load(Ordering::Acquire);
+        // SAFETY: `free` and `total` were checked non-null above; cuMemGetInfo's contract makes
+        // them writable size_t slots.
         unsafe {
             free.write(d.total.saturating_sub(used) as usize);
             total.write(d.total as usize);
@@ -531,6 +557,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
         let s = tri!(state());
         let dev = tri!(current_device(s));
         let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(dptr, p) }
     })
 }
@@ -541,6 +569,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytes: usize,
     _flags: c_uint,
 ) -> CUresult {
+    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
+    // forwarded.
     unsafe { cuMemAlloc_v2(dptr, bytes) }
 }
 
@@ -570,6 +600,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             (p as u64).saturating_mul(height as u64),
             Kind::Linear
         ));
+        // SAFETY: `pitch` and `dptr` were checked non-null at the top; the caller's contract makes
+        // them writable slots.
         unsafe {
             pitch.write(p);
             dptr.write(ptr);
@@ -600,12 +632,16 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice
     guard(|| {
         let s = tri!(state());
         tri!(device(s, dev));
+        // SAFETY: put rejects a null `pool`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUmemoryPool.
         unsafe { put(pool, POOL_BASE + dev as u64) }
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
+    // SAFETY: same caller contract as cuDeviceGetDefaultMemPool (which null-checks `pool` before
+    // writing); only forwarded.
     unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
 }
 
@@ -634,6 +670,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const PropHead)
         tri!(device(s, p.location_id));
         let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
         record(s, Kind::Pool, h, p.location_id as usize, 0);
+        // SAFETY: put rejects a null `pool`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUmemoryPool.
         unsafe { put(pool, h) }
     })
 }
@@ -649,6 +687,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     _stream: usize,
 ) -> CUresult {
+    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
+    // forwarded.
     unsafe { cuMemAlloc_v2(dptr, bytes) }
 }
 
@@ -658,6 +698,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
+    // SAFETY: same caller contract as cuMemAllocAsync (which null-checks `dptr` before writing);
+    // only forwarded.
     unsafe { cuMemAllocAsync(dptr, bytes, stream) }
 }
 
@@ -675,6 +717,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         let s = tri!(state());
         let dev = tri!(pool_device(s, pool));
         let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(dptr, p) }
     })
 }
@@ -686,6 +730,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: u64,
     stream: usize,
 ) -> CUresult {
+    // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr` before
+    // writing); only forwarded.
     unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) }
 }
 
@@ -714,6 +760,8 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
         if prop.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
+        // SAFETY: put rejects a null `gran`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a size_t.
         unsafe { put(gran, VMM_GRANULARITY) }
     })
 }
@@ -741,6 +789,8 @@ pub unsafe extern "C" fn cuMemCreate(
         tri!(charge(s, dev, size as u64));
         let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
         record(s, Kind::Vmm, h, dev, size as u64);
+        // SAFETY: put rejects a null `handle`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUmemGenericAllocationHandle.
         unsafe { put(handle, h) }
     })
 }
@@ -764,6 +814,8 @@ pub unsafe extern "C" fn cuMemAddressReserve(
             return CUDA_ERROR_INVALID_VALUE;
         }
         let p = s.next_ptr.fetch_add(size as u64, Ordering::Relaxed);
+        // SAFETY: put rejects a null `ptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(ptr, p) }
     })
 }
@@ -881,6 +933,8 @@ unsafe fn array_create(handle: *mut usize, bytes: Option<u64>) -> CUresult {
     tri!(charge(s, dev, bytes));
     let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
     record(s, Kind::Array, h, dev, bytes);
+    // SAFETY: `handle` was checked non-null above; array_create's callers pass the CUDA caller's
+    // CUarray out-pointer.
     unsafe { put(handle, h as usize) }
 }
 
@@ -892,6 +946,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut usize, desc: *const Array
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
+        // SAFETY: `handle` is the caller's CUarray out-pointer, which array_create null-checks
+        // before writing.
         unsafe {
             array_create(
                 handle,
@@ -912,6 +968,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
+        // SAFETY: `handle` is the caller's CUarray out-pointer, which array_create null-checks
+        // before writing.
         unsafe {
             array_create(
                 handle,
@@ -933,6 +991,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         }
         // SAFETY: non-null descriptor from the caller.
         let d = unsafe { &*desc };
+        // SAFETY: `handle` is the caller's CUarray out-pointer, which array_create null-checks
+        // before writing.
         unsafe {
             array_create(
                 handle,
@@ -966,10 +1026,14 @@ pub unsafe extern "C" fn cuGetErrorString(err: CUresult, s: *mut *const c_char) 
         CUDA_ERROR_NOT_FOUND => c"named symbol not found",
         exec::CUDA_ERROR_NOT_READY => c"device not ready",
         _ => {
+            // SAFETY: put rejects a null `s`; otherwise the CUDA driver-API contract makes it a
+            // valid, writable out-pointer for a const char*.
             unsafe { put(s, std::ptr::null()) };
             return CUDA_ERROR_INVALID_VALUE;
         }
     };
+    // SAFETY: put rejects a null `s`; otherwise the CUDA driver-API contract makes it a valid,
+    // writable out-pointer for a const char*. The text is a 'static C string.
     unsafe { put(s, text.as_ptr()) }
 }
 
@@ -1072,6 +1136,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         // SAFETY: caller passes a NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
         let found = resolve(name, flags);
+        // SAFETY: `pfn` was checked non-null above and `status` is checked before its write; both
+        // are the caller's out-pointers per cuGetProcAddress's contract.
         unsafe {
             pfn.write(found.map_or(std::ptr::null_mut(), |p| p as *mut c_void));
             if !status.is_null() {
@@ -1093,6 +1159,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
+    // SAFETY: same caller contract as cuGetProcAddress_v2 (which null-checks `symbol` and `pfn`
+    // before writing); only forwarded. A null `status` is allowed there.
     unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
 }
 

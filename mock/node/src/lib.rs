@@ -111,6 +111,8 @@ pub fn locate(anchor: *const libc::c_void) -> Option<PathBuf> {
 }
 
 fn library_dir(anchor: *const libc::c_void) -> Option<PathBuf> {
+    // SAFETY: Dl_info is a plain C struct of pointers and integers; all-zero is a valid value
+    // (null pointers) and dladdr overwrites it before any field is read.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address; info is a valid out-pointer.
     if unsafe { libc::dladdr(anchor, &mut info) } == 0 || info.dli_fname.is_null() {

@@ -255,6 +255,8 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    // SAFETY: the NVML contract gives `version` `length` writable bytes (or null, which write_str
+    // rejects); write_str checks the length before copying.
     with_state(|s| unsafe { write_str(&s.node.driver_version, version, length) })
 }
 
@@ -264,6 +266,8 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     length: c_uint,
 ) -> nvmlReturn_t {
     // NVML's own version is "12.<driver version>".
+    // SAFETY: the NVML contract gives `version` `length` writable bytes (or null, which write_str
+    // rejects); write_str checks the length before copying.
     with_state(|s| unsafe {
         write_str(
             &format!(
@@ -279,6 +283,8 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: the same contract as the _v2 entry point: `v` is null (rejected there) or a valid
+    // out-pointer from the caller.
     unsafe { nvmlSystemGetCudaDriverVersion_v2(v) }
 }
 
@@ -310,6 +316,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: the same contract as the _v2 entry point: `count` is null (rejected there) or a valid
+    // out-pointer from the caller.
     unsafe { nvmlDeviceGetCount_v2(count) }
 }
 
@@ -336,6 +344,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    // SAFETY: the same contract as the _v2 entry point: `device` is null (rejected there) or a
+    // valid out-pointer from the caller.
     unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
 
@@ -366,6 +376,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    // SAFETY: NVML's contract: `uuid` is a NUL-terminated string and `device` an out-pointer;
+    // find_handle rejects nulls.
     unsafe {
         find_handle(uuid, device, |s, k| {
             s.visible.iter().enumerate().find_map(|(p, &i)| {
@@ -390,6 +402,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    // SAFETY: NVML's contract: `bus_id` is a NUL-terminated string and `device` an out-pointer;
+    // find_handle rejects nulls.
     unsafe {
         find_handle(bus_id, device, |s, k| {
             s.visible
@@ -405,6 +419,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    // SAFETY: identical contract to the _v2 entry point, which rejects null pointers.
     unsafe { nvmlDeviceGetHandleByPciBusId_v2(bus_id, device) }
 }
 
@@ -446,6 +461,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    // SAFETY: the NVML contract gives `uuid` `length` writable bytes (or null, which write_str
+    // rejects); write_str checks the length before copying.
     with_device(d, |_, g, m| unsafe {
         write_str(m.map_or(&g.uuid, |m| &m.uuid), uuid, length)
     })
@@ -459,6 +476,8 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 ) -> nvmlReturn_t {
     with_device(d, |_, g, m| {
         let n = m.map_or_else(|| g.name.clone(), |m| mig_name(g, m));
+        // SAFETY: the NVML contract gives `name` `length` writable bytes (or null, which write_str
+        // rejects); write_str checks the length before copying.
         unsafe { write_str(&n, name, length) }
     })
 }
@@ -586,6 +605,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     d: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
+    // SAFETY: nvmlPciInfo_t is the same struct for _v2 and _v3; `pci` is null (rejected there) or a
+    // valid out-pointer from the caller.
     unsafe { nvmlDeviceGetPciInfo_v3(d, pci) }
 }
 
@@ -777,6 +798,7 @@ mod tests {
     fn uninitialised_calls_fail() {
         let mut n = 0u32;
         assert_eq!(
+            // SAFETY: `n` is a live local u32, a valid out-pointer for the call.
             unsafe { nvmlDeviceGetCount_v2(&mut n) },
             NVML_ERROR_UNINITIALIZED
         );
