@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A simulated 8-GPU node for a bench under S (gpufence-sim), its gpufence.toml (the simulator's
 file with state-dir, gpufence-binary and the [runtime], [shim], [log] tables set) and a warm
-inventory cache. Usage: node_config.py S BIN_DIR RUNC; prints the gpufence.toml path."""
+inventory cache. Usage: node_config.py S BIN_DIR RUNC [STATE_DIR]; prints the gpufence.toml path
+(STATE_DIR defaults to S/state; the runtime bench puts it on a tmpfs, as /run/gpufence is)."""
 import os, re, subprocess, sys
-s, bindir, runc = sys.argv[1:]
+s, bindir, runc = sys.argv[1:4]
+state = sys.argv[4] if len(sys.argv) > 4 else f"{s}/state"
 os.makedirs(f"{s}/node", exist_ok=True)
 sim = subprocess.run([f"{bindir}/gpufence-sim", "node", "--dir", f"{s}/node", "--gpus", "8"],
                      check=True, capture_output=True, text=True).stdout.strip()
@@ -26,7 +28,7 @@ for l in lines:
     if re.match(r'\s*\[', l):
         seen_table = True
     (rest if seen_table else top).append(l)
-top += [f'state-dir = "{s}/state"', f'gpufence-binary = "{bindir}/gpufence"']
+top += [f'state-dir = "{state}"', f'gpufence-binary = "{bindir}/gpufence"']
 rest += ["[runtime]", f'path = "{runc}"', "[shim]", f'library = "{bindir}/libgpufence.so"',
          "[log]", f'file = "{s}/gpufence.log"', 'level = "info"']
 open(out, "w").write("\n".join(top + rest) + "\n")

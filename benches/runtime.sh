@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Benchmark: median wall time of create+start+delete of one container through gpufence-runtime
-# vs plain runc, on the same bundle, alternating runs, on a simulated 8-GPU node with one GPU
-# allocated (annotation gpufence.dev/devices=1, memory 4Gi). Each gpufence run starts from the
-# pristine config.json (restored outside the timed region), so every run pays the full
-# plan + edit + host-file cost, and runc then sets up the extra devices and mounts (the wrapper refreshes the ld cache itself before exec; a createContainer hook
-# remains only for user-namespaced containers).
+# Benchmark: median wall time of create+start+delete (and of create alone) of one container through
+# gpufence-runtime vs plain runc, alternating runs, on a simulated 8-GPU node with one GPU allocated
+# (annotation gpufence.dev/devices=1, memory 4Gi), laid out as on a containerd node:
+#   * the bundle (config.json), runc's --root and gpufence's state-dir on a tmpfs, as
+#     /run/containerd/io.containerd.runtime.v2.task/…, /run/runc and /run/gpufence are;
+#   * the rootfs a fresh overlayfs snapshot per container (upper/work dirs on disk, as
+#     /var/lib/containerd's overlayfs snapshotter makes them) of a glibc image: static busybox,
+#     the host's glibc loader + libc and the host's /etc/ld.so.cache (a real-sized cache to
+#     parse and rewrite, like a CUDA base image's).
+# Mounting and removing the snapshot happen outside the timed region, for every arm alike. Each
+# gpufence run starts from the pristine config.json, so every run pays the full plan + edit +
+# host-file + ld-cache cost. A third arm runs plain runc on the spec gpufence produced, which
+# splits the cost into what runc does for the enforcement (device nodes, mounts) and the
+# wrapper's own work.
 #
 # Usage (root): benches/runtime.sh [RUNS]   (default 40; env BIN_DIR, default target/release
-# if built, else target/debug). Prints medians with interquartile ranges, the ratio, the added
-# milliseconds (create+start+delete, and create alone), and the gpufence create by phase
-# (GPUFENCE_PHASES lines: process start, config, bundle, log set-up, inventory, plan, decision
-# log line, spec edit, ld cache, host files, config.json write, exec + runc create, CPU time).
+# if built, else target/debug; KEEP=1 keeps the scratch directory mounted). Prints medians with
+# interquartile ranges, the ratio, the added milliseconds (create+start+delete, and create
+# alone), and the gpufence create by phase (GPUFENCE_PHASES lines: process start, config,
+# bundle, log set-up, inventory, plan, decision log line, spec edit, ld cache, host files,
+# config.json write, exec + runc create, CPU time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-${RUNS:-40}}
@@ -25,24 +34,43 @@ for f in gpufence gpufence-runtime gpufence-sim libgpufence.so; do
 done
 
 S=$(mktemp -d /tmp/gpufence-bench-runtime.XXXXXX)
-ROOT_GF=$S/root-gf ROOT_RUNC=$S/root-runc
+RUN=$S/run # the node's /run
+mkdir -p "$RUN"
+mount -t tmpfs -o size=256m,mode=0755 tmpfs "$RUN"
+ROOT_GF=$RUN/runc-gf ROOT_RUNC=$RUN/runc-plain STATE=$RUN/gpufence
+B=$RUN/bundle
 cleanup() {
   for r in "$ROOT_GF" "$ROOT_RUNC"; do
     for id in $("$RUNC" --root "$r" list -q 2>/dev/null); do "$RUNC" --root "$r" delete --force "$id" >/dev/null 2>&1 || true; done
   done
+  umount "$B/rootfs" 2>/dev/null || true
+  umount "$RUN" 2>/dev/null || true
   rm -rf "$S"
 }
-trap cleanup EXIT
+if [ -z "${KEEP:-}" ]; then trap cleanup EXIT; fi
 
-# Simulated 8-GPU node, gpufence config pointing at it, inventory cache.
-CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC")
+# Simulated 8-GPU node, gpufence config pointing at it (state-dir on the tmpfs), inventory cache.
+CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC" "$STATE")
 export GPUFENCE_CONFIG=$CFG
 
-# Bundle: static busybox running /bin/true, one GPU allocated.
-B=$S/bundle
-mkdir -p "$B/rootfs/bin" "$B/rootfs/etc" "$B/rootfs/dev" "$B/rootfs/proc" "$B/rootfs/sys" "$B/rootfs/run" "$B/rootfs/tmp"
-cp /bin/busybox "$B/rootfs/bin/"
-for c in sh true; do ln -sf busybox "$B/rootfs/bin/$c"; done
+# The image (overlay lower layer): static busybox running /bin/true, plus what makes it a glibc
+# image to the ld cache step: the loader, libc and a real-sized cache.
+IMG=$S/image
+mkdir -p "$IMG/bin" "$IMG/etc/ld.so.conf.d" "$IMG/dev" "$IMG/proc" "$IMG/sys" "$IMG/run" "$IMG/tmp" \
+  "$IMG/lib64" "$IMG/lib/x86_64-linux-gnu" "$IMG/usr/lib/x86_64-linux-gnu"
+cp /bin/busybox "$IMG/bin/"
+for c in sh true; do ln -sf busybox "$IMG/bin/$c"; done
+cp -L /lib64/ld-linux-x86-64.so.2 "$IMG/lib64/"
+cp -L /lib/x86_64-linux-gnu/libc.so.6 "$IMG/lib/x86_64-linux-gnu/"
+cp /etc/ld.so.cache "$IMG/etc/ld.so.cache"
+printf 'include /etc/ld.so.conf.d/*.conf\n' >"$IMG/etc/ld.so.conf"
+mkdir -p "$B/rootfs"
+snapshot() { # a fresh overlay rootfs for container $1 (untimed)
+  mkdir -p "$S/snap/$1/upper" "$S/snap/$1/work"
+  mount -t overlay overlay -o "lowerdir=$IMG,upperdir=$S/snap/$1/upper,workdir=$S/snap/$1/work" "$B/rootfs"
+}
+unsnapshot() { umount "$B/rootfs"; rm -rf "$S/snap/$1"; }
+
 (cd "$B" && "$RUNC" spec)
 python3 - "$B" <<'EOF'
 import json, sys
@@ -57,46 +85,52 @@ json.dump(s, open(p, "w"), indent=1)
 EOF
 cp "$B/config.json" "$S/config.pristine.json"
 
-one() { # $1 = runtime binary, $2 = state root, $3 = id; prints "id t0 t_created t_deleted" (seconds)
+one() { # $1 = runtime binary, $2 = state root, $3 = id, $4 = config.json to start from; prints "id t0 t_created t_deleted" (seconds)
   local t0 t1 t2
+  cp "$4" "$B/config.json"
+  snapshot "$3"
   t0=$EPOCHREALTIME
   "$1" --root "$2" create --bundle "$B" "$3" </dev/null >/dev/null 2>"$S/err" || { cat "$S/err" >&2; return 1; }
   t1=$EPOCHREALTIME
   "$1" --root "$2" start "$3" >/dev/null 2>>"$S/err" || { cat "$S/err" >&2; return 1; }
   "$1" --root "$2" delete --force "$3" >/dev/null 2>>"$S/err" || { cat "$S/err" >&2; return 1; }
   t2=$EPOCHREALTIME
+  unsnapshot "$3"
   echo "$3 $t0 $t1 $t2"
 }
 
 # Warm-up (page cache, binaries).
-cp "$S/config.pristine.json" "$B/config.json"; one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" warm-gf >/dev/null
-# What gpufence-runtime makes of the bundle, with its state directory kept, for the breakdown arm.
+one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" warm-gf "$S/config.pristine.json" >/dev/null
+# What gpufence-runtime makes of the bundle, with its state directory kept, for the third arm.
 cp "$S/config.pristine.json" "$B/config.json"
+snapshot edited-src
 "$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" create --bundle "$B" edited-src </dev/null >/dev/null
 cp "$B/config.json" "$S/config.edited.json"
-cp -a "$S/state/edited-src" "$S/state-edited-src"
+cp -a "$STATE/edited-src" "$S/state-edited-src"
 "$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" delete --force edited-src
-mv "$S/state-edited-src" "$S/state/edited-src"
-cp "$S/config.pristine.json" "$B/config.json"; one "$RUNC" "$ROOT_RUNC" warm-runc >/dev/null
+unsnapshot edited-src
+mv "$S/state-edited-src" "$STATE/edited-src"
+one "$RUNC" "$ROOT_RUNC" warm-runc "$S/config.pristine.json" >/dev/null
 
 : >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"
 # One line per timed gpufence create (GPUFENCE_PHASES, src/runtime/phases.rs: only a path inside
 # state-dir is accepted); a binary without it writes none and the phase table is skipped.
-PHASES=$S/state/phases.txt; : >"$PHASES"
+PHASES=$STATE/phases.txt; : >"$PHASES"
 for i in $(seq 1 "$RUNS"); do
-  cp "$S/config.pristine.json" "$B/config.json"
-  one "$RUNC" "$ROOT_RUNC" "runc-$i" >>"$S/runc.txt"
-  cp "$S/config.pristine.json" "$B/config.json"
-  GPUFENCE_PHASES=$PHASES one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" >>"$S/gf.txt"
-  # Breakdown: plain runc on the spec gpufence-runtime produced (devices, mounts).
-  cp "$S/config.edited.json" "$B/config.json"
-  one "$RUNC" "$ROOT_RUNC" "edited-$i" >>"$S/edited.txt"
+  one "$RUNC" "$ROOT_RUNC" "runc-$i" "$S/config.pristine.json" >>"$S/runc.txt"
+  GPUFENCE_PHASES=$PHASES one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" "$S/config.pristine.json" >>"$S/gf.txt"
+  # Third arm: plain runc on the spec gpufence-runtime produced (devices, mounts).
+  one "$RUNC" "$ROOT_RUNC" "edited-$i" "$S/config.edited.json" >>"$S/edited.txt"
 done
 cp "$S/config.pristine.json" "$B/config.json"
-one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-last" >/dev/null
-# The edit really happened: the last gpufence run's config.json names the GPU.
+snapshot gf-last
+"$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" create --bundle "$B" gf-last </dev/null >/dev/null
+# The edit really happened: config.json names the GPU and the image's ld cache the driver.
 grep -q '"/dev/nvidia1"' "$B/config.json" || { echo "runtime bench: gpufence did not edit config.json" >&2; exit 1; }
-[ ! -e "$S/state/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
+grep -q 'libcuda.so.1' "$B/rootfs/etc/ld.so.cache" || { echo "runtime bench: gpufence did not write the ld cache" >&2; exit 1; }
+"$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" delete --force gf-last
+unsnapshot gf-last
+[ ! -e "$STATE/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
 python3 - "$S" "$RUNS" "$BIN_DIR" <<'EOF'
 import sys, statistics as st
@@ -115,7 +149,7 @@ runc, gf, ed = load("runc"), load("gf"), load("edited")
 ms = lambda rows, f: [f(v) * 1000 for v in rows.values()]
 total = lambda v: v[2] - v[0]
 create = lambda v: v[1] - v[0]
-print(f"runtime bench: {runs} interleaved runs per arm, 8-GPU simulated node, 1 GPU allocated ({bindir})")
+print(f"runtime bench: {runs} interleaved runs per arm, 8-GPU simulated node, 1 GPU allocated; bundle and state on tmpfs, fresh overlay rootfs of a glibc image ({bindir})")
 print("  create+start+delete, median ms (interquartile range):")
 for name, rows in (("plain runc", runc), ("gpufence-runtime", gf), ("runc on gpufence's spec", ed)):
     xs = ms(rows, total)
@@ -133,7 +167,7 @@ pc = [(create(gf[f"gf-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(
 print(f"    added {med(cg) - med(cr):.2f} ms (paired median {med(pc):.2f} ms, {spread(pc)}; aim <= +5 ms)")
 # The gpufence create by phase (GPUFENCE_PHASES lines, src/runtime/phases.rs).
 ph = {}
-for l in open(f"{s}/state/phases.txt"):
+for l in open(f"{s}/run/gpufence/phases.txt"):
     f = dict(w.split("=", 1) for w in l.split()[1:])
     ph[f["id"]] = f
 cols = {}
