@@ -52,3 +52,28 @@ pub fn finish(prog: &str, r: Result<(), Exit>) -> ! {
         }
     }
 }
+
+/// What std's start-up does that a `#![no_main]` binary (`gpufence-runtime`) still needs: fds
+/// 0–2 opened on `/dev/null` where the caller left them closed (so no file opened later becomes
+/// stdout or stderr), and SIGPIPE ignored (a closed stderr pipe or log pipe returns EPIPE rather
+/// than killing the wrapper half-way; `Command::exec` restores the default for the real runtime).
+pub fn start_like_std() {
+    for fd in 0..=2 {
+        // SAFETY: F_GETFD on a raw descriptor number only reads its flags; a closed one fails
+        // with EBADF and nothing is borrowed beyond the call.
+        let closed = unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF);
+        if closed {
+            // Opened without O_CLOEXEC on purpose: the real runtime inherits the placeholder.
+            // SAFETY: a NUL-terminated path literal and plain flags; the lowest free descriptor
+            // is `fd` itself since every lower one is open (checked in order).
+            let got = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+            if got != fd {
+                // Cannot happen unless /dev/null is missing; exit as std's start-up would abort.
+                std::process::exit(2);
+            }
+        }
+    }
+    // SAFETY: installing SIG_IGN for SIGPIPE before any thread exists has no other effect.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}

@@ -1,6 +1,22 @@
 //! `gpufence-runtime`: a drop-in for runc that enforces the plan on `create`/`run`.
+//!
+//! A container engine starts it for every runc call, so its own start-up is on every container's
+//! create path. `#![no_main]`: the C `main` below replaces std's start-up, which reads and parses
+//! `/proc/self/maps` (glibc's `pthread_getattr_np` for the main thread's stack guard) and maps a
+//! signal stack for stack-overflow reports before `main` runs. What of it matters here is kept
+//! by [`gpufence::exit::start_like_std`] (fds 0–2, SIGPIPE); a panic still prints its message
+//! and exits 101; `std::env::args_os` works as before (glibc passes argv to std's init array).
+#![no_main]
 
-fn main() {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    gpufence::exit::finish("gpufence-runtime", gpufence::runtime::main(args))
+use std::ffi::{c_char, c_int};
+
+// SAFETY: the one C `main` of this binary (`#![no_main]`); nothing else defines the symbol.
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    gpufence::exit::start_like_std();
+    std::panic::catch_unwind(|| -> c_int {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        gpufence::exit::finish("gpufence-runtime", gpufence::runtime::main(args))
+    })
+    .unwrap_or(101)
 }

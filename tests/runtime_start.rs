@@ -1,0 +1,92 @@
+//! gpufence-runtime's own start-up (`#![no_main]`, no std runtime init): what std's start-up did
+//! that matters still holds. Standard descriptors closed by the caller are opened on /dev/null
+//! before anything else (so no file the wrapper opens becomes stdout/stderr, and the real runtime
+//! inherits the placeholders), SIGPIPE is back at its default for the real runtime, argv passes
+//! through unchanged. No root needed: a pass-through subcommand execs the configured "runtime",
+//! here a script that records what it inherited.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+fn recording_runtime(s: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let record = s.join("inherited.txt");
+    let script = s.join("fake-runc");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nf0=$(readlink /proc/$$/fd/0); f1=$(readlink /proc/$$/fd/1); \
+             f2=$(readlink /proc/$$/fd/2)\n{{ echo \"fd0 $f0\"; echo \"fd1 $f1\"; echo \"fd2 $f2\"\n\
+             grep '^SigIgn:' /proc/$$/status\necho \"args $*\"; }} >{}\n",
+            record.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = s.join("gpufence.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state-dir = \"{}\"\n[runtime]\npath = \"{}\"\n",
+            s.join("state").display(),
+            script.display()
+        ),
+    )
+    .unwrap();
+    (config, record)
+}
+
+#[test]
+fn closed_std_fds_become_dev_null_and_sigpipe_is_default_for_runc() {
+    let s = common::scratch("rt-start");
+    let (config, record) = recording_runtime(&s);
+    let mut cmd = Command::new(common::bin("gpufence-runtime"));
+    cmd.env("GPUFENCE_CONFIG", &config)
+        .args(["--root", "/nonexistent-root", "state", "some-id"]);
+    // SAFETY: only async-signal-safe close(2) calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for fd in 0..=2 {
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "{status:?}");
+    let got = std::fs::read_to_string(&record).unwrap();
+    for fd in 0..=2 {
+        assert!(got.contains(&format!("fd{fd} /dev/null")), "{got}");
+    }
+    let ign = got
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        ign & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SIGPIPE ignored in runc: {got}"
+    );
+    assert!(
+        got.contains("args --root /nonexistent-root state some-id"),
+        "{got}"
+    );
+}
+
+#[test]
+fn open_std_fds_are_left_alone() {
+    let s = common::scratch("rt-start-open");
+    let (config, record) = recording_runtime(&s);
+    let out = s.join("out.txt");
+    let status = Command::new(common::bin("gpufence-runtime"))
+        .env("GPUFENCE_CONFIG", &config)
+        .args(["list"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let got = std::fs::read_to_string(&record).unwrap();
+    assert!(got.contains(&format!("fd1 {}", out.display())), "{got}");
+}
