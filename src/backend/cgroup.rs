@@ -65,6 +65,8 @@ pub fn mode() -> (CgroupMode, Option<PathBuf>) {
 pub enum PathFormError {
     #[error("cgroupsPath {0:?}: {1}")]
     Invalid(String, &'static str),
+    #[error("the runtime's own cgroup {0:?}: {1}")]
+    Own(String, &'static str),
 }
 
 /// The cgroup (path inside the v2 hierarchy) that `linux.cgroupsPath` names. `own` is the
@@ -80,6 +82,14 @@ pub fn expected_path(
     let bad = |why| PathFormError::Invalid(raw.to_string(), why);
     if raw.contains('\0') || raw.split('/').any(|c| c == "..") {
         return Err(bad("must not contain `..`"));
+    }
+    // `own` comes from the kernel (`0::` of /proc/self/cgroup), which never writes `..`; a
+    // relative cgroupsPath is joined below it, so the result's guarantee rests on it too.
+    if own.contains('\0') || own.split('/').any(|c| c == "..") {
+        return Err(PathFormError::Own(
+            own.to_string(),
+            "must not contain `..`",
+        ));
     }
     if systemd || (!raw.starts_with('/') && raw.matches(':').count() == 2) {
         let mut it = raw.splitn(3, ':');
@@ -190,6 +200,19 @@ mod tests {
         assert!(expected_path(Some("nota:p:"), "/", "x", true).is_err());
         assert!(expected_path(Some("s.slice::../x"), "/", "x", true).is_err());
         assert!(expected_path(Some("s.slice:a/b:x"), "/", "x", true).is_err());
+    }
+
+    #[test]
+    fn own_cgroup_with_dotdot_is_refused() {
+        // Found by the driver_limits fuzz target: a relative cgroupsPath joined below an `own`
+        // holding `..` came out with `..` in it.
+        let e = expected_path(Some("a:b:c:d"), "/m/../x", "c1", false).unwrap_err();
+        assert!(matches!(e, PathFormError::Own(..)), "{e}");
+        assert!(expected_path(None, "/m/\0", "c1", false).is_err());
+        assert_eq!(
+            expected_path(Some("a:b:c:d"), "/m/x", "c1", false).unwrap(),
+            "/m/x/a:b:c:d"
+        );
     }
 
     #[test]
