@@ -11,22 +11,37 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Strings with a NUL cannot be stored; parsed ones never have one.
-    assert!(c.entries.iter().all(|e| !e.key.contains(&0) && !e.value.contains(&0)));
+    assert!(
+        c.entries
+            .iter()
+            .all(|e| !e.key.contains(&0) && !e.value.contains(&0))
+    );
     let Ok(bytes) = write(&c) else {
         return;
     };
     let back = parse(&bytes).expect("what gpufence writes parses");
     assert_eq!(back.entries.len(), c.entries.len());
     for (a, b) in back.entries.iter().zip(&c.entries) {
-        assert_eq!((&a.key, &a.value, a.flags, a.osversion, &a.hwcaps), (&b.key, &b.value, b.flags, b.osversion, &b.hwcaps));
+        assert_eq!(
+            (&a.key, &a.value, a.flags, a.osversion, &a.hwcaps),
+            (&b.key, &b.value, b.flags, b.osversion, &b.hwcaps)
+        );
     }
     assert_eq!(write(&back).unwrap(), bytes, "write is a fixed point");
     // Adding the driver's entry keeps every other image entry, in order, and adds it once.
     let before = c.entries.clone();
-    let new = Entry::new("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0x303, 0);
+    let new = Entry::new(
+        "libcuda.so.1",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        0x303,
+        0,
+    );
     c.add(new.clone());
     let others = |v: &[Entry]| -> Vec<Entry> {
-        v.iter().filter(|e| (&e.key, &e.value) != (&new.key, &new.value)).cloned().collect()
+        v.iter()
+            .filter(|e| (&e.key, &e.value) != (&new.key, &new.value))
+            .cloned()
+            .collect()
     };
     assert_eq!(others(&c.entries), others(&before));
     assert_eq!(c.entries.iter().filter(|e| **e == new).count(), 1);
