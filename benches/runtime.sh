@@ -15,7 +15,9 @@
 # wrapper's own work.
 #
 # Usage (root): benches/runtime.sh [RUNS]   (default 40; env BIN_DIR, default target/release
-# if built, else target/debug; KEEP=1 keeps the scratch directory mounted). Prints medians with
+# if built, else target/debug; BEFORE_DIR=<dir of another build> adds a fourth arm running that
+# build's gpufence-runtime in the same interleaved loop, for before/after figures; KEEP=1 keeps
+# the scratch directory mounted). Prints medians with
 # interquartile ranges, the ratio, the added milliseconds (create+start+delete, and create
 # alone), and the gpufence create by phase (GPUFENCE_PHASES lines: process start, config,
 # bundle, log set-up, inventory, plan, decision log line, spec edit, ld cache, host files,
@@ -112,7 +114,11 @@ unsnapshot edited-src
 mv "$S/state-edited-src" "$STATE/edited-src"
 one "$RUNC" "$ROOT_RUNC" warm-runc "$S/config.pristine.json" >/dev/null
 
-: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"
+: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"; : >"$S/before.txt"
+if [ -n "${BEFORE_DIR:-}" ]; then
+  BEFORE_DIR=$(cd "$BEFORE_DIR" && pwd)
+  one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" warm-before "$S/config.pristine.json" >/dev/null
+fi
 # One line per timed gpufence create (GPUFENCE_PHASES, src/runtime/phases.rs: only a path inside
 # state-dir is accepted); a binary without it writes none and the phase table is skipped.
 PHASES=$STATE/phases.txt; : >"$PHASES"
@@ -121,6 +127,9 @@ for i in $(seq 1 "$RUNS"); do
   GPUFENCE_PHASES=$PHASES one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "gf-$i" "$S/config.pristine.json" >>"$S/gf.txt"
   # Third arm: plain runc on the spec gpufence-runtime produced (devices, mounts).
   one "$RUNC" "$ROOT_RUNC" "edited-$i" "$S/config.edited.json" >>"$S/edited.txt"
+  if [ -n "${BEFORE_DIR:-}" ]; then
+    one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" "before-$i" "$S/config.pristine.json" >>"$S/before.txt"
+  fi
 done
 cp "$S/config.pristine.json" "$B/config.json"
 snapshot gf-last
@@ -132,9 +141,9 @@ grep -q 'libcuda.so.1' "$B/rootfs/etc/ld.so.cache" || { echo "runtime bench: gpu
 unsnapshot gf-last
 [ ! -e "$STATE/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
-python3 - "$S" "$RUNS" "$BIN_DIR" <<'EOF'
+python3 - "$S" "$RUNS" "$BIN_DIR" "${BEFORE_DIR:-}" <<'EOF'
 import sys, statistics as st
-s, runs, bindir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s, runs, bindir, beforedir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def load(name):
     rows = {}
     for l in open(f"{s}/{name}.txt"):
@@ -159,12 +168,21 @@ print(f"    ratio {g / r:.3f}, added {g - r:.2f} ms (aim: ratio <= 1.10); enforc
 # Per-run pairing (runc-i and gf-i run back to back) holds up better under load than two medians.
 pairs = [(total(gf[f"gf-{i}"]) - total(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
 print(f"    paired difference gf-i - runc-i: median {med(pairs):.2f} ms ({spread(pairs)})")
+if beforedir:
+    bf = load("before")
+    xs = ms(bf, total)
+    pb = [(total(bf[f"before-{i}"]) - total(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+    print(f"    {'gpufence-runtime (before)':26s} {med(xs):7.2f}  ({spread(xs)})  ratio {med(xs) / r:.3f}, paired +{med(pb):.2f} ms  [{beforedir}]")
 print("  create alone, median ms (interquartile range):")
 cr, cg, ce = ms(runc, create), ms(gf, create), ms(ed, create)
 for name, xs in (("plain runc create", cr), ("gpufence-runtime create", cg), ("runc create, gpufence's spec", ce)):
     print(f"    {name:29s} {med(xs):7.2f}  ({spread(xs)})")
 pc = [(create(gf[f"gf-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
 print(f"    added {med(cg) - med(cr):.2f} ms (paired median {med(pc):.2f} ms, {spread(pc)}; aim <= +5 ms)")
+if beforedir:
+    cb = ms(bf, create)
+    pcb = [(create(bf[f"before-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+    print(f"    {'gpufence-runtime create (before)':29s} {med(cb):7.2f}  ({spread(cb)}), added {med(cb) - med(cr):.2f} ms (paired median {med(pcb):.2f} ms, {spread(pcb)})")
 # The gpufence create by phase (GPUFENCE_PHASES lines, src/runtime/phases.rs).
 ph = {}
 for l in open(f"{s}/run/gpufence/phases.txt"):
