@@ -338,20 +338,19 @@ impl Cache {
 
 /// ldconfig's string table (elf/stringtable.c): unique strings sorted by their reversed bytes,
 /// descending (longer first on a common suffix), each stored once, a string that is the tail of
-/// the one before it sharing its bytes. Returns the table and each string's offset.
-fn string_table(strings: &[&[u8]]) -> (Vec<u8>, std::collections::HashMap<Vec<u8>, u32>) {
-    let mut uniq: Vec<&[u8]> = strings.to_vec();
-    uniq.sort_unstable();
-    uniq.dedup();
-    uniq.sort_by(|l, r| {
-        // finalize_compare: reversed bytes, descending; on a common tail, longer first.
-        let rev = |s: &[u8]| s.iter().rev().copied().collect::<Vec<u8>>();
-        rev(r).cmp(&rev(l)).then_with(|| r.len().cmp(&l.len()))
-    });
+/// the one before it sharing its bytes. Returns the table and the offset of each of `strings`,
+/// by position. One sort of positions, compared in place (no reversed copies, no hashing: the
+/// create path writes this for every GPU container).
+fn string_table(strings: &[&[u8]]) -> (Vec<u8>, Vec<u32>) {
+    let mut order: Vec<usize> = (0..strings.len()).collect();
+    // finalize_compare: reversed bytes, descending; a shorter string that is the other's tail
+    // compares lower, so the longer comes first. Equal strings end up adjacent.
+    order.sort_unstable_by(|&l, &r| strings[r].iter().rev().cmp(strings[l].iter().rev()));
     let mut table = Vec::new();
-    let mut offsets = std::collections::HashMap::new();
+    let mut offsets = vec![0u32; strings.len()];
     let mut prev: Option<(&[u8], usize)> = None;
-    for s in uniq {
+    for i in order {
+        let s = strings[i];
         let off = match prev {
             Some((p, poff)) if p.len() >= s.len() && p.ends_with(s) => poff + p.len() - s.len(),
             _ => {
@@ -361,7 +360,7 @@ fn string_table(strings: &[&[u8]]) -> (Vec<u8>, std::collections::HashMap<Vec<u8
                 o
             }
         };
-        offsets.insert(s.to_vec(), off as u32);
+        offsets[i] = off as u32;
         prev = Some((s, off));
     }
     (table, offsets)
@@ -399,7 +398,8 @@ pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
     if u32::try_from(total).is_err() || u32::try_from(n).is_err() {
         return Err(too_large("file"));
     }
-    let sref = |s: &[u8]| str_base as u32 + offsets[s];
+    // `strings` is key, value of each entry in order, then the hwcaps names.
+    let sref = |i: usize| str_base as u32 + offsets[i];
 
     let mut out = Vec::with_capacity(total);
     out.extend_from_slice(MAGIC_NEW);
@@ -408,7 +408,7 @@ pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
     out.extend_from_slice(&[ENDIAN_LITTLE, 0, 0, 0]);
     out.extend_from_slice(&(ext as u32).to_le_bytes());
     out.extend_from_slice(&[0u8; 12]);
-    for e in &c.entries {
+    for (i, e) in c.entries.iter().enumerate() {
         let hwcap = match &e.hwcaps {
             Some(h) => {
                 let idx = hwcaps.iter().position(|x| x == h).unwrap_or(0) as u64;
@@ -417,8 +417,8 @@ pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
             None => e.hwcap,
         };
         out.extend_from_slice(&e.flags.to_le_bytes());
-        out.extend_from_slice(&sref(&e.key).to_le_bytes());
-        out.extend_from_slice(&sref(&e.value).to_le_bytes());
+        out.extend_from_slice(&sref(2 * i).to_le_bytes());
+        out.extend_from_slice(&sref(2 * i + 1).to_le_bytes());
         out.extend_from_slice(&e.osversion.to_le_bytes());
         out.extend_from_slice(&hwcap.to_le_bytes());
     }
@@ -443,8 +443,8 @@ pub fn write(c: &Cache) -> Result<Vec<u8>, FormatError> {
         for v in [TAG_HWCAPS, 0, hwcaps_at as u32, size] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        for h in &hwcaps {
-            out.extend_from_slice(&sref(h).to_le_bytes());
+        for j in 0..hwcaps.len() {
+            out.extend_from_slice(&sref(2 * n + j).to_le_bytes());
         }
     }
     out.extend_from_slice(generator);
@@ -531,10 +531,9 @@ mod tests {
 
     #[test]
     fn string_table_merges_tails() {
-        let (t, off) = string_table(&[b"libc.so.6", b"/lib/libc.so.6", b"c.so.6"]);
+        let (t, off) = string_table(&[b"libc.so.6", b"/lib/libc.so.6", b"c.so.6", b"libc.so.6"]);
         assert_eq!(t, b"/lib/libc.so.6\0");
-        assert_eq!(off[&b"libc.so.6"[..]], 5);
-        assert_eq!(off[&b"c.so.6"[..]], 8);
+        assert_eq!(off, [5, 0, 8, 5]);
     }
 
     #[test]
