@@ -131,6 +131,18 @@ for i in $(seq 1 "$RUNS"); do
     one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" "before-$i" "$S/config.pristine.json" >>"$S/before.txt"
   fi
 done
+# Pass-through: every other runc call an engine makes (start, state, kill, delete, list) goes
+# through the wrapper too, which only reads its configuration and execs runc. Timed on `list`,
+# interleaved with plain runc, 5 × RUNS calls each.
+: >"$S/pass.txt"
+for i in $(seq 1 $((5 * RUNS))); do
+  t0=$EPOCHREALTIME; "$RUNC" --root "$ROOT_RUNC" list >/dev/null; t1=$EPOCHREALTIME
+  "$BIN_DIR/gpufence-runtime" --root "$ROOT_RUNC" list >/dev/null; t2=$EPOCHREALTIME
+  if [ -n "${BEFORE_DIR:-}" ]; then "$BEFORE_DIR/gpufence-runtime" --root "$ROOT_RUNC" list >/dev/null; fi
+  t3=$EPOCHREALTIME
+  echo "$t0 $t1 $t2 $t3" >>"$S/pass.txt"
+done
+
 cp "$S/config.pristine.json" "$B/config.json"
 snapshot gf-last
 "$BIN_DIR/gpufence-runtime" --root "$ROOT_GF" create --bundle "$B" gf-last </dev/null >/dev/null
@@ -183,6 +195,15 @@ if beforedir:
     cb = ms(bf, create)
     pcb = [(create(bf[f"before-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
     print(f"    {'gpufence-runtime create (before)':29s} {med(cb):7.2f}  ({spread(cb)}), added {med(cb) - med(cr):.2f} ms (paired median {med(pcb):.2f} ms, {spread(pcb)})")
+rows = [[float(x) for x in l.split()] for l in open(f"{s}/pass.txt")]
+pr = [(b - a) * 1000 for a, b, c, d in rows]
+pg = [(c - b) * 1000 for a, b, c, d in rows]
+print(f"  pass-through call (`list`), median ms (interquartile range), {len(rows)} interleaved calls each:")
+print(f"    {'plain runc':26s} {med(pr):7.3f}  ({spread(pr)})")
+print(f"    {'gpufence-runtime':26s} {med(pg):7.3f}  ({spread(pg)}), paired +{med([g - r for g, r in zip(pg, pr)]):.3f} ms")
+if beforedir:
+    pb = [(d - c) * 1000 for a, b, c, d in rows]
+    print(f"    {'gpufence-runtime (before)':26s} {med(pb):7.3f}  ({spread(pb)}), paired +{med([x - r for x, r in zip(pb, pr)]):.3f} ms")
 # The gpufence create by phase (GPUFENCE_PHASES lines, src/runtime/phases.rs).
 ph = {}
 for l in open(f"{s}/run/gpufence/phases.txt"):
