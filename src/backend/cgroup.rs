@@ -86,10 +86,7 @@ pub fn expected_path(
     // `own` comes from the kernel (`0::` of /proc/self/cgroup), which never writes `..`; a
     // relative cgroupsPath is joined below it, so the result's guarantee rests on it too.
     if own.contains('\0') || own.split('/').any(|c| c == "..") {
-        return Err(PathFormError::Own(
-            own.to_string(),
-            "must not contain `..`",
-        ));
+        return Err(PathFormError::Own(own.to_string(), "must not contain `..`"));
     }
     if systemd || (!raw.starts_with('/') && raw.matches(':').count() == 2) {
         let mut it = raw.splitn(3, ':');
