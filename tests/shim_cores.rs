@@ -64,14 +64,17 @@ fn the_simulated_gpu_keeps_time() {
     };
     let none = node.state("none", None);
     // One 200 ms kernel: queries answer NOT_READY (600) while it runs, synchronisation waits
-    // for it in real time, and two events around it time exactly its device time.
+    // for it in real time, and two events around it time its device time.
     let out = node.run("proc", &none, &["sem"]);
     let f: Vec<f64> = field(&out, "sem")
         .iter()
         .map(|x| x.parse().unwrap())
         .collect();
     assert_eq!((f[0], f[1], f[4]), (600.0, 600.0, 0.0), "{out}");
-    assert!((f[2] - 200.0).abs() < 0.01, "elapsed {out}");
+    // The first event completes when recorded on the idle stream and the kernel starts at its
+    // launch, as on a GPU: the elapsed time is the device time plus the host's gap between the
+    // two calls (tens of µs, more on a loaded machine), never less.
+    assert!(f[2] >= 200.0 && f[2] - 200.0 < 5.0, "elapsed {out}");
     assert!(f[3] >= 150.0, "synchronisation did not wait: {out}");
 
     // Two unshimmed clients on one GPU each get about half of it, and NVML sees them.
