@@ -583,29 +583,12 @@ pub fn log_outcome(id: &str, rootfs: &Path, folders: &[String], o: &Outcome) {
     }
 }
 
-/// Largest OCI state accepted on stdin (the hook's own limit: a real state is well under 4 KiB).
-pub const MAX_STATE_BYTES: u64 = 1 << 20;
-
-/// The OCI state runc writes on the hook's stdin, at most [`MAX_STATE_BYTES`]: a larger one is
-/// refused without reading on (a hook's stdin is never a reason to grow without bound).
-fn read_state(r: &mut impl Read) -> Result<Vec<u8>, LdcacheError> {
-    let mut state = Vec::new();
-    r.take(MAX_STATE_BYTES + 1)
-        .read_to_end(&mut state)
-        .map_err(|e| LdcacheError::State(e.to_string()))?;
-    if state.len() as u64 > MAX_STATE_BYTES {
-        return Err(LdcacheError::State(format!(
-            "larger than {MAX_STATE_BYTES} bytes"
-        )));
-    }
-    Ok(state)
-}
-
-pub fn run(config: Option<&Path>, folders: &[String]) -> Result<(), Exit> {
+/// The createContainer hook: `state` is the OCI state runc wrote on the hook's stdin, read by
+/// the caller with the hook's size bound.
+pub fn run(config: Option<&Path>, state: &[u8], folders: &[String]) -> Result<(), Exit> {
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
-    let state = read_state(&mut std::io::stdin().lock()).map_err(Exit::invalid)?;
-    let (id, rootfs) = rootfs_from_state(&state).map_err(Exit::invalid)?;
+    let (id, rootfs) = rootfs_from_state(state).map_err(Exit::invalid)?;
     if folders.is_empty() {
         tracing::info!(container = %id, "update-ldcache: no folders, nothing to do");
         return Ok(());
@@ -631,24 +614,6 @@ pub fn run(config: Option<&Path>, folders: &[String]) -> Result<(), Exit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn state_on_stdin_is_bounded() {
-        let ok = br#"{"ociVersion":"1.0.2","id":"c1","status":"creating","bundle":"/b"}"#;
-        assert_eq!(read_state(&mut ok.as_slice()).unwrap(), ok.to_vec());
-        // An endless stdin stops at the limit + 1 byte and is refused in one line.
-        let mut endless = std::io::repeat(b' ');
-        let e = read_state(&mut endless).unwrap_err().to_string();
-        assert!(
-            e.contains("OCI state on stdin") && e.contains("1048576"),
-            "{e}"
-        );
-        let exact = vec![b' '; MAX_STATE_BYTES as usize];
-        assert_eq!(
-            read_state(&mut exact.as_slice()).unwrap().len(),
-            exact.len()
-        );
-    }
 
     #[test]
     fn folders_are_validated() {
