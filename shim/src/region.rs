@@ -408,11 +408,15 @@ impl Region {
             return false;
         };
         // The header passed; the live slots must agree (by the invariant they never hold more
-        // than the header did before our add, so this refuses only a lowered header).
+        // than the header did before our add, so this refuses a lowered header — or, rarely, a
+        // sum read slot by slot while others freed and charged). The header is not raised to
+        // that sum: a sum read that way can exceed every value the header ever held, and
+        // raising it would charge the container memory nobody holds, for good (the likely cause
+        // of a CI run finding 4 MiB of a 100 MiB quota still charged after every process had
+        // exited). Readers take max(header, live sum) anyway.
         let live = self.live_sum(d);
         if live.saturating_add(bytes) > limit {
             total.fetch_sub(bytes, Ordering::AcqRel);
-            total.fetch_max(live, Ordering::AcqRel);
             self.stats.note_refusal(d, bytes);
             return false;
         }
