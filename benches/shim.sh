@@ -7,7 +7,7 @@
 # The launched kernel takes no device time, so pacing never sleeps: what is measured is the
 # limiter's bookkeeping on every launch.
 # Needs root (fake device node for the simulated GPU) and gcc. Usage: benches/shim.sh [PROFILE]
-# SHIM_BEFORE=/path/to/an/older/libgpufence.so adds an "enforce-before" arm (same client, same
+# SHIM_BEFORE=/path/to/an/older/libgpufence.so adds "enforce-before" and "cores-before" arms (same client, same
 # rounds, interleaved) to compare two builds of the shim in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,10 +45,13 @@ run() { # variant -> "pair_ns launch_ns"
     enforce-before) rm -f "$W/state/accounting"
       out=$(GPUFENCE_STATE="$W/state" LD_PRELOAD="$SHIM_BEFORE" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES")
       rm -f "$W/state/accounting" ;;
+    cores-before) rm -f "$W/cores/accounting"
+      out=$(GPUFENCE_STATE="$W/cores" LD_PRELOAD="$SHIM_BEFORE" "$W/client" dlsym bench "$PAIRS" 4096 launch "$LAUNCHES")
+      rm -f "$W/cores/accounting" ;;
   esac
   echo "$(awk '/^bench/{print $2}' <<<"$out") $(awk '/^launch/{print $2}' <<<"$out")"
 }
-VARIANTS="base enforce cores pass${SHIM_BEFORE:+ enforce-before}"
+VARIANTS="base enforce cores pass${SHIM_BEFORE:+ enforce-before cores-before}"
 declare -A P L
 for r in $(seq "$ROUNDS"); do
   for v in $VARIANTS; do
