@@ -462,6 +462,32 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_never_raises_the_container_counter() {
+        const MIB: u64 = 1 << 20;
+        // SAFETY: all-zero bytes are a valid Region (atomics and integers only); boxed, so the
+        // 1024 slots do not sit on the test thread's stack.
+        let r: Box<Region> = unsafe { Box::<Region>::new_zeroed().assume_init() };
+        // Another live process (pid 1, which outlives the test) holds 60 MiB; the container
+        // counter reads 30 MiB — lowered by a hand, or read mid-update by a racing sum.
+        let (start, _) = stat_of("1").expect("/proc/1/stat");
+        r.slots[1]
+            .owner
+            .store(make_key(1, start), Ordering::Release);
+        r.slots[1].used[0].store(60 * MIB, Ordering::Release);
+        r.header.slots_hwm.store(2, Ordering::Release);
+        r.header.used[0].store(30 * MIB, Ordering::Release);
+        // 50 MiB passes the counter (80 ≤ 100) but not the live sum (110 > 100): refused, and
+        // the counter is left where it was — not raised to a sum nobody may hold any more.
+        assert!(!r.charge(0, 50 * MIB, 100 * MIB));
+        assert_eq!(r.header.used[0].load(Ordering::Acquire), 30 * MIB);
+        assert_eq!(r.used(0), 60 * MIB, "readers see the larger of the two");
+        // What fits beside the live 60 MiB is granted.
+        assert!(r.charge(0, 40 * MIB, 100 * MIB));
+        assert_eq!(r.used(0), 100 * MIB);
+        assert!(!r.charge(0, 1, 100 * MIB));
+    }
+
+    #[test]
     fn stat_self() {
         let (start, zombie) = stat_of("self").unwrap();
         assert!(start > 0);
