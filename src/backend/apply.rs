@@ -206,15 +206,11 @@ pub fn hook_main(
     limits: &[String],
     stdin: &mut impl Read,
 ) -> Result<(), Exit> {
-    let st = crate::hook::state::read_bounded(
-        stdin,
-        crate::hook::state::MAX_STATE_BYTES,
-        "OCI state on stdin",
-    )
-    .map_err(|e| Exit::invalid(e.to_string()))
-    .and_then(|raw| {
-        crate::hook::state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))
-    })?;
+    let st = crate::hook::state::read_oci_state(stdin)
+        .map_err(|e| Exit::invalid(e.to_string()))
+        .and_then(|raw| {
+            crate::hook::state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))
+        })?;
     let limits: Vec<DriverLimit> = limits
         .iter()
         .map(|a| super::parse_limit(a))

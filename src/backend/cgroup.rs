@@ -80,12 +80,13 @@ pub fn expected_path(
 ) -> Result<String, PathFormError> {
     let raw = cgroups_path.unwrap_or("");
     let bad = |why| PathFormError::Invalid(raw.to_string(), why);
-    if raw.contains('\0') || raw.split('/').any(|c| c == "..") {
+    let climbs = |p: &str| p.contains('\0') || p.split('/').any(|c| c == "..");
+    if climbs(raw) {
         return Err(bad("must not contain `..`"));
     }
     // `own` comes from the kernel (`0::` of /proc/self/cgroup), which never writes `..`; a
     // relative cgroupsPath is joined below it, so the result's guarantee rests on it too.
-    if own.contains('\0') || own.split('/').any(|c| c == "..") {
+    if climbs(own) {
         return Err(PathFormError::Own(own.to_string(), "must not contain `..`"));
     }
     if systemd || (!raw.starts_with('/') && raw.matches(':').count() == 2) {

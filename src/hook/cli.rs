@@ -51,12 +51,8 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
         Cmd::UpdateLdcache { folder } => {
-            let state = super::state::read_bounded(
-                &mut std::io::stdin().lock(),
-                super::state::MAX_STATE_BYTES,
-                "OCI state on stdin",
-            )
-            .map_err(Exit::invalid)?;
+            let state = super::state::read_oci_state(&mut std::io::stdin().lock())
+                .map_err(Exit::invalid)?;
             crate::enter::ldcache::run(config, &state, &folder)
         }
         Cmd::MemoryLimits { limit } => {

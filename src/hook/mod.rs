@@ -92,8 +92,7 @@ impl Stage {
 pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Result<(), Exit> {
     // Nothing this process does needs more than HOST; drop the rest before reading input.
     crate::enter::caps::restrict(crate::enter::caps::HOST).map_err(|e| Exit::env(e.to_string()))?;
-    let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
-        .map_err(|e| Exit::invalid(e.to_string()))?;
+    let raw = state::read_oci_state(stdin).map_err(|e| Exit::invalid(e.to_string()))?;
     let st = state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))?;
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
@@ -356,8 +355,7 @@ pub(crate) fn ldcache_run(
 
 /// `gpufence hook poststop`: remove the container's state directory.
 pub fn poststop(config: Option<&Path>, stdin: &mut impl Read) -> Result<(), Exit> {
-    let raw = state::read_bounded(stdin, state::MAX_STATE_BYTES, "OCI state on stdin")
-        .map_err(|e| Exit::invalid(e.to_string()))?;
+    let raw = state::read_oci_state(stdin).map_err(|e| Exit::invalid(e.to_string()))?;
     #[derive(serde::Deserialize)]
     struct Min {
         id: String,

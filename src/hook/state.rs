@@ -63,6 +63,12 @@ pub fn read_bounded(r: &mut impl Read, limit: u64, what: &str) -> Result<Vec<u8>
     Ok(buf)
 }
 
+/// The OCI state runc writes on a hook's stdin, at most [`MAX_STATE_BYTES`] (every hook
+/// command reads it this way).
+pub fn read_oci_state(r: &mut impl Read) -> Result<Vec<u8>, StateError> {
+    read_bounded(r, MAX_STATE_BYTES, "OCI state on stdin")
+}
+
 /// Container ids name a host directory (`state-dir/<id>`): only `[A-Za-z0-9_.-]`, not `.`/`..`,
 /// at most 256 bytes.
 pub fn valid_id(id: &str) -> bool {
