@@ -2,7 +2,9 @@
 """A simulated 8-GPU node for a bench under S (gpufence-sim), its gpufence.toml (the simulator's
 file with state-dir, gpufence-binary and the [runtime], [shim], [log] tables set) and a warm
 inventory cache. Usage: node_config.py S BIN_DIR RUNC [STATE_DIR]; prints the gpufence.toml path
-(STATE_DIR defaults to S/state; the runtime bench puts it on a tmpfs, as /run/gpufence is)."""
+(STATE_DIR defaults to S/state; the runtime bench puts it on a tmpfs, as /run/gpufence is).
+With DRIVER_LAYOUT=folders in the environment, runtime.driver-layout is set and the prepared
+folders go to S/driver-folders."""
 import os, re, subprocess, sys
 s, bindir, runc = sys.argv[1:4]
 state = sys.argv[4] if len(sys.argv) > 4 else f"{s}/state"
@@ -29,7 +31,10 @@ for l in lines:
         seen_table = True
     (rest if seen_table else top).append(l)
 top += [f'state-dir = "{state}"', f'gpufence-binary = "{bindir}/gpufence"']
-rest += ["[runtime]", f'path = "{runc}"', "[shim]", f'library = "{bindir}/libgpufence.so"',
+layout = []
+if os.environ.get("DRIVER_LAYOUT"):  # runtime.driver-layout, prepared folders beside the node
+    layout = [f'driver-layout = "{os.environ["DRIVER_LAYOUT"]}"', f'driver-folders = "{s}/driver-folders"']
+rest += ["[runtime]", f'path = "{runc}"'] + layout + ["[shim]", f'library = "{bindir}/libgpufence.so"',
          "[log]", f'file = "{s}/gpufence.log"', 'level = "info"']
 open(out, "w").write("\n".join(top + rest) + "\n")
 subprocess.run([f"{bindir}/gpufence", "inventory"], check=True, stdout=subprocess.DEVNULL,

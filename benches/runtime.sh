@@ -16,7 +16,8 @@
 #
 # Usage (root): benches/runtime.sh [RUNS]   (default 40; env BIN_DIR, default target/release
 # if built, else target/debug; BEFORE_DIR=<dir of another build> adds a fourth arm running that
-# build's gpufence-runtime in the same interleaved loop, for before/after figures; KEEP=1 keeps
+# build's gpufence-runtime in the same interleaved loop, for before/after figures; FLOOR=1 adds
+# two plain-runc arms pricing the floor of runc's own enforcement work, see below; KEEP=1 keeps
 # the scratch directory mounted). Prints medians with
 # interquartile ranges, the ratio, the added milliseconds (create+start+delete, and create
 # alone), and the gpufence create by phase (GPUFENCE_PHASES lines: process start, config,
@@ -113,8 +114,49 @@ cp -a "$STATE/edited-src" "$S/state-edited-src"
 unsnapshot edited-src
 mv "$S/state-edited-src" "$STATE/edited-src"
 one "$RUNC" "$ROOT_RUNC" warm-runc "$S/config.pristine.json" >/dev/null
+if [ -n "${FLOOR:-}" ]; then
+  # Two more specs for plain runc, to price the floor any enforcement pays inside runc:
+  # floor-dev: the pristine spec plus only gpufence's device nodes and cgroup device rules;
+  # floor-dir: gpufence's spec with every driver folder served by ONE read-only directory bind
+  # (hard links of exactly the granted files; libraries at /usr/local/nvidia/lib64, binaries at
+  # /usr/local/nvidia/bin, firmware at its own folder; the simulator's mock files left out) —
+  # the fewest mounts a GPU container with gpufence's shim and quota can have.
+  python3 - "$S" "$S/node/driver" <<'PY'
+import json, os, sys, copy
+s, driver = sys.argv[1], sys.argv[2]
+pristine = json.load(open(f"{s}/config.pristine.json"))
+edited = json.load(open(f"{s}/config.edited.json"))
+dev = copy.deepcopy(pristine)
+dev["linux"]["devices"] = edited["linux"].get("devices", [])
+dev["linux"]["resources"]["devices"] = edited["linux"]["resources"]["devices"]
+json.dump(dev, open(f"{s}/config.floor-dev.json", "w"))
+mounts, groups = [], {}
+for m in edited["mounts"]:
+    src = m.get("source", "")
+    if m.get("type") == "bind" or "bind" in m.get("options", []):
+        if src.startswith(driver + "/"):
+            if not os.path.basename(src).startswith("gpufence-mock"):
+                groups.setdefault(os.path.dirname(m["destination"]), []).append(m)
+            continue
+    mounts.append(m)
+where = {"/usr/lib/x86_64-linux-gnu": "/usr/local/nvidia/lib64", "/usr/bin": "/usr/local/nvidia/bin"}
+for n, (folder, ms) in enumerate(sorted(groups.items())):
+    d = f"{s}/floor/{n}"
+    os.makedirs(d)
+    for m in ms:
+        os.link(m["source"], f"{d}/{os.path.basename(m['destination'])}")
+    mounts.append({"destination": where.get(folder, folder), "type": "bind", "source": d,
+                   "options": ["ro", "nosuid", "nodev", "bind"]})
+dirs = copy.deepcopy(edited)
+dirs["mounts"] = mounts
+json.dump(dirs, open(f"{s}/config.floor-dir.json", "w"))
+print(f"runtime bench: floor-dir serves {sum(map(len, groups.values()))} driver files by {len(groups)} directory binds; "
+      f"{len(edited['mounts']) - len(pristine['mounts'])} mounts added by gpufence, {len(mounts) - len(pristine['mounts'])} in floor-dir", file=sys.stderr)
+PY
+  one "$RUNC" "$ROOT_RUNC" warm-floor "$S/config.floor-dir.json" >/dev/null
+fi
 
-: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"; : >"$S/before.txt"
+: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"; : >"$S/before.txt"; : >"$S/floor-dev.txt"; : >"$S/floor-dir.txt"
 if [ -n "${BEFORE_DIR:-}" ]; then
   BEFORE_DIR=$(cd "$BEFORE_DIR" && pwd)
   one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" warm-before "$S/config.pristine.json" >/dev/null
@@ -129,6 +171,10 @@ for i in $(seq 1 "$RUNS"); do
   one "$RUNC" "$ROOT_RUNC" "edited-$i" "$S/config.edited.json" >>"$S/edited.txt"
   if [ -n "${BEFORE_DIR:-}" ]; then
     one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" "before-$i" "$S/config.pristine.json" >>"$S/before.txt"
+  fi
+  if [ -n "${FLOOR:-}" ]; then
+    one "$RUNC" "$ROOT_RUNC" "floor-dev-$i" "$S/config.floor-dev.json" >>"$S/floor-dev.txt"
+    one "$RUNC" "$ROOT_RUNC" "floor-dir-$i" "$S/config.floor-dir.json" >>"$S/floor-dir.txt"
   fi
 done
 # Pass-through: every other runc call an engine makes (start, state, kill, delete, list) goes
@@ -153,9 +199,9 @@ grep -q 'libcuda.so.1' "$B/rootfs/etc/ld.so.cache" || { echo "runtime bench: gpu
 unsnapshot gf-last
 [ ! -e "$STATE/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
-python3 - "$S" "$RUNS" "$BIN_DIR" "${BEFORE_DIR:-}" <<'EOF'
+python3 - "$S" "$RUNS" "$BIN_DIR" "${BEFORE_DIR:-}" "${FLOOR:-}" <<'EOF'
 import sys, statistics as st
-s, runs, bindir, beforedir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s, runs, bindir, beforedir, floor = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 def load(name):
     rows = {}
     for l in open(f"{s}/{name}.txt"):
@@ -195,6 +241,13 @@ if beforedir:
     cb = ms(bf, create)
     pcb = [(create(bf[f"before-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
     print(f"    {'gpufence-runtime create (before)':29s} {med(cb):7.2f}  ({spread(cb)}), added {med(cb) - med(cr):.2f} ms (paired median {med(pcb):.2f} ms, {spread(pcb)})")
+if floor:
+    print("  the floor: plain runc on reduced specs (no wrapper), create alone and create+start+delete, median ms, added over plain runc:")
+    for name, label in (("floor-dev", "devices and cgroup rules only"), ("floor-dir", "gpufence's spec, driver folders as directory binds")):
+        fl = load(name)
+        xc, xt = ms(fl, create), ms(fl, total)
+        pf = [(create(fl[f"{name}-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+        print(f"    {label:52s} create {med(xc):6.2f} (+{med(xc) - med(cr):.2f}, paired +{med(pf):.2f}; {spread(xc)})  c+s+d ratio {med(xt) / r:.3f}")
 rows = [[float(x) for x in l.split()] for l in open(f"{s}/pass.txt")]
 pr = [(b - a) * 1000 for a, b, c, d in rows]
 pg = [(c - b) * 1000 for a, b, c, d in rows]

@@ -87,11 +87,41 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// The real OCI runtime; `None` means the first of `runc`, `crun` on PATH.
     pub path: Option<PathBuf>,
+    /// How `gpufence-runtime` mounts driver libraries, binaries and firmware.
+    pub driver_layout: DriverLayout,
+    /// Host directory where the `folders` layout keeps its prepared folders (hard links of the
+    /// driver's own files; must be on the driver's filesystem).
+    pub driver_folders: PathBuf,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            path: None,
+            driver_layout: DriverLayout::default(),
+            driver_folders: PathBuf::from("/var/lib/gpufence/driver-folders"),
+        }
+    }
+}
+
+/// `runtime.driver-layout`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverLayout {
+    /// Every driver file bound read-only at its own path, as on the host (as NVIDIA's toolkit
+    /// does): every tool finds every file where it expects it.
+    #[default]
+    Files,
+    /// One read-only bind per folder: libraries at `/usr/local/nvidia/lib64`, binaries at
+    /// `/usr/local/nvidia/bin` (appended to `PATH`), firmware at its own folder; runc makes a
+    /// handful of mounts instead of one per file. Files named by absolute host paths
+    /// (`/usr/bin/nvidia-smi`) are not there.
+    Folders,
 }
 
 /// The allocation dialects gpufence understands.
@@ -386,6 +416,7 @@ impl Config {
             ("gpufence-binary", &self.gpufence_binary),
             ("shim.library", &self.shim.library),
             ("kubelet.checkpoint", &self.kubelet.checkpoint),
+            ("runtime.driver-folders", &self.runtime.driver_folders),
         ] {
             if !p.is_absolute() {
                 return Err(ConfigError::Invalid {

@@ -102,6 +102,9 @@ pub struct Library {
     pub soname: String,
     pub flags: i32,
     pub osversion: u32,
+    /// The soname link is already in the folder (a prepared driver folder, `runtime.driver-layout
+    /// = "folders"`): none is made in the rootfs, the entry names the link.
+    pub linked: bool,
 }
 
 /// Where the libraries come from.
@@ -296,6 +299,7 @@ fn scan(dir: &OwnedFd, folder: &str) -> Result<Vec<Library>, Errno> {
             soname,
             flags: dso.flags,
             osversion: dso.osversion,
+            linked: false,
         };
         match found.iter_mut().find(|l| l.soname == lib.soname) {
             Some(l) if cache::libcmp(l.file.as_bytes(), name.as_bytes()) < 0 => *l = lib,
@@ -501,6 +505,7 @@ pub fn update(
                 || entry_dir_id(&root, &e.value, &mut ids) != here
         });
         let linked = l.file == l.soname
+            || l.linked
             || soname_link(d, &l.soname, &l.file)
                 .map_err(rerr(&format!("{}/{}", l.folder, l.soname)))?;
         let name = if linked { &l.soname } else { &l.file };
@@ -543,6 +548,7 @@ pub fn known_libraries(mounts: &[(String, PathBuf)]) -> Vec<Library> {
                 soname: dso.soname.unwrap_or_else(|| file.to_string()),
                 flags: dso.flags,
                 osversion: dso.osversion,
+                linked: false,
             })
         })
         .collect()

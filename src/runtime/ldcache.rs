@@ -33,6 +33,9 @@ pub struct Refresh {
     pub folders: Vec<String>,
     /// The plan's mounts into the folders (the driver libraries): container path, host path.
     pub mounts: Vec<crate::cdi::MountEdit>,
+    /// Libraries in a prepared driver folder (container path, host file), whose soname links
+    /// the folder already holds (`runtime.driver-layout = "folders"`).
+    pub folded: Vec<(String, PathBuf)>,
 }
 
 /// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
@@ -102,6 +105,7 @@ pub fn take_over(
         rootfs,
         folders,
         mounts,
+        folded: Vec::new(),
     }))
 }
 
@@ -113,7 +117,12 @@ impl Refresh {
             .iter()
             .map(|m| (m.container_path.clone(), PathBuf::from(&m.host_path)))
             .collect();
-        let libs = crate::enter::ldcache::known_libraries(&mounts);
+        let mut libs = crate::enter::ldcache::known_libraries(&mounts);
+        libs.extend(
+            crate::enter::ldcache::known_libraries(&self.folded)
+                .into_iter()
+                .map(|l| crate::enter::ldcache::Library { linked: true, ..l }),
+        );
         let outcome =
             crate::enter::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
                 .map_err(|e| {

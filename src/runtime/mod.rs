@@ -24,6 +24,7 @@ pub mod apply;
 pub mod args;
 pub mod cli;
 pub mod configure;
+pub mod folders;
 pub mod ldcache;
 pub mod phases;
 pub mod runclog;
@@ -167,9 +168,14 @@ fn prepare_create(
     mark("plan");
     log_decision(id, &plan);
     mark("logline");
+    let folded = fold_driver_files(cfg, &spec, &intake.inventory, &mut plan, id);
+    mark("folders");
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
-    let refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
+    let mut refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
+    if let Some(r) = refresh.as_mut() {
+        r.folded = folded;
+    }
     let mut edited = spec.clone();
     apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
     mark("apply");
@@ -193,6 +199,45 @@ fn prepare_create(
     }
     mark("spec");
     Ok(())
+}
+
+/// `runtime.driver-layout = "folders"`: the plan's driver file binds folded into folder binds
+/// ([`folders`]); returns the folded libraries for the ld cache. Where the folders cannot be
+/// prepared the plan keeps its file binds (same files, read-only), with one log line.
+fn fold_driver_files(
+    cfg: &Config,
+    spec: &serde_json::Value,
+    inventory: &crate::inventory::Inventory,
+    plan: &mut Plan,
+    id: &str,
+) -> Vec<(String, PathBuf)> {
+    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
+        return Vec::new();
+    }
+    let Some(folding) = folders::fold(plan, inventory) else {
+        return Vec::new();
+    };
+    match folders::prepare(
+        &cfg.runtime.driver_folders,
+        &inventory.driver_version,
+        &folding,
+    ) {
+        Ok(dir) => {
+            folding.apply(plan, &dir, cfg, folders::spec_path(spec).as_deref());
+            tracing::info!(
+                container = id,
+                folder = %dir.display(),
+                files = folding.folded.len(),
+                folders = folding.folders.len(),
+                "driver files mounted as folders"
+            );
+            folding.libraries()
+        }
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
+            Vec::new()
+        }
+    }
 }
 
 /// One line per decision: container id, dialects, devices, quotas.
