@@ -16,7 +16,8 @@
 #
 # Usage (root): benches/runtime.sh [RUNS]   (default 40; env BIN_DIR, default target/release
 # if built, else target/debug; BEFORE_DIR=<dir of another build> adds a fourth arm running that
-# build's gpufence-runtime in the same interleaved loop, for before/after figures; FLOOR=1 adds
+# build's gpufence-runtime in the same interleaved loop, for before/after figures; FOLDERS=1 adds
+# an arm running this build with runtime.driver-layout = "folders"; FLOOR=1 adds
 # two plain-runc arms pricing the floor of runc's own enforcement work, see below; KEEP=1 keeps
 # the scratch directory mounted). Prints medians with
 # interquartile ranges, the ratio, the added milliseconds (create+start+delete, and create
@@ -55,6 +56,13 @@ if [ -z "${KEEP:-}" ]; then trap cleanup EXIT; fi
 # Simulated 8-GPU node, gpufence config pointing at it (state-dir on the tmpfs), inventory cache.
 CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC" "$STATE")
 export GPUFENCE_CONFIG=$CFG
+if [ -n "${FOLDERS:-}" ]; then
+  # The same node with runtime.driver-layout = "folders" (prepared folders beside the node, on
+  # the driver's filesystem), for a fifth arm.
+  CFG_FOLDERS=$S/gpufence-folders.toml
+  sed "s|^\[runtime\]\$|[runtime]\ndriver-layout = \"folders\"\ndriver-folders = \"$S/driver-folders\"|" "$CFG" >"$CFG_FOLDERS"
+  grep -q 'driver-layout = "folders"' "$CFG_FOLDERS" || { echo "runtime bench: no [runtime] table in $CFG" >&2; exit 1; }
+fi
 
 # The image (overlay lower layer): static busybox running /bin/true, plus what makes it a glibc
 # image to the ld cache step: the loader, libc and a real-sized cache.
@@ -114,6 +122,9 @@ cp -a "$STATE/edited-src" "$S/state-edited-src"
 unsnapshot edited-src
 mv "$S/state-edited-src" "$STATE/edited-src"
 one "$RUNC" "$ROOT_RUNC" warm-runc "$S/config.pristine.json" >/dev/null
+if [ -n "${FOLDERS:-}" ]; then
+  GPUFENCE_CONFIG=$CFG_FOLDERS one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" warm-folders "$S/config.pristine.json" >/dev/null
+fi
 if [ -n "${FLOOR:-}" ]; then
   # Two more specs for plain runc, to price the floor any enforcement pays inside runc:
   # floor-dev: the pristine spec plus only gpufence's device nodes and cgroup device rules;
@@ -156,7 +167,7 @@ PY
   one "$RUNC" "$ROOT_RUNC" warm-floor "$S/config.floor-dir.json" >/dev/null
 fi
 
-: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"; : >"$S/before.txt"; : >"$S/floor-dev.txt"; : >"$S/floor-dir.txt"
+: >"$S/gf.txt"; : >"$S/runc.txt"; : >"$S/edited.txt"; : >"$S/before.txt"; : >"$S/floor-dev.txt"; : >"$S/floor-dir.txt"; : >"$S/folders.txt"
 if [ -n "${BEFORE_DIR:-}" ]; then
   BEFORE_DIR=$(cd "$BEFORE_DIR" && pwd)
   one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" warm-before "$S/config.pristine.json" >/dev/null
@@ -171,6 +182,9 @@ for i in $(seq 1 "$RUNS"); do
   one "$RUNC" "$ROOT_RUNC" "edited-$i" "$S/config.edited.json" >>"$S/edited.txt"
   if [ -n "${BEFORE_DIR:-}" ]; then
     one "$BEFORE_DIR/gpufence-runtime" "$ROOT_GF" "before-$i" "$S/config.pristine.json" >>"$S/before.txt"
+  fi
+  if [ -n "${FOLDERS:-}" ]; then
+    GPUFENCE_CONFIG=$CFG_FOLDERS GPUFENCE_PHASES=$STATE/phases-folders.txt one "$BIN_DIR/gpufence-runtime" "$ROOT_GF" "folders-$i" "$S/config.pristine.json" >>"$S/folders.txt"
   fi
   if [ -n "${FLOOR:-}" ]; then
     one "$RUNC" "$ROOT_RUNC" "floor-dev-$i" "$S/config.floor-dev.json" >>"$S/floor-dev.txt"
@@ -199,9 +213,9 @@ grep -q 'libcuda.so.1' "$B/rootfs/etc/ld.so.cache" || { echo "runtime bench: gpu
 unsnapshot gf-last
 [ ! -e "$STATE/gf-last" ] || { echo "runtime bench: state dir not removed on delete" >&2; exit 1; }
 
-python3 - "$S" "$RUNS" "$BIN_DIR" "${BEFORE_DIR:-}" "${FLOOR:-}" <<'EOF'
+python3 - "$S" "$RUNS" "$BIN_DIR" "${BEFORE_DIR:-}" "${FLOOR:-}" "${FOLDERS:-}" <<'EOF'
 import sys, statistics as st
-s, runs, bindir, beforedir, floor = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+s, runs, bindir, beforedir, floor, folders = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 def load(name):
     rows = {}
     for l in open(f"{s}/{name}.txt"):
@@ -241,6 +255,13 @@ if beforedir:
     cb = ms(bf, create)
     pcb = [(create(bf[f"before-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
     print(f"    {'gpufence-runtime create (before)':29s} {med(cb):7.2f}  ({spread(cb)}), added {med(cb) - med(cr):.2f} ms (paired median {med(pcb):.2f} ms, {spread(pcb)})")
+if folders:
+    fo = load("folders")
+    xc, xt = ms(fo, create), ms(fo, total)
+    pf = [(create(fo[f"folders-{i}"]) - create(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+    pt = [(total(fo[f"folders-{i}"]) - total(runc[f"runc-{i}"])) * 1000 for i in range(1, runs + 1)]
+    print(f"  gpufence-runtime, runtime.driver-layout = \"folders\": create {med(xc):.2f} ({spread(xc)}), added {med(xc) - med(cr):.2f} ms (paired {med(pf):.2f}); "
+          f"create+start+delete {med(xt):.2f}, ratio {med(xt) / r:.3f} (paired +{med(pt):.2f} ms)")
 if floor:
     print("  the floor: plain runc on reduced specs (no wrapper), create alone and create+start+delete, median ms, added over plain runc:")
     for name, label in (("floor-dev", "devices and cgroup rules only"), ("floor-dir", "gpufence's spec, driver folders as directory binds")):
@@ -258,24 +279,31 @@ if beforedir:
     pb = [(d - c) * 1000 for a, b, c, d in rows]
     print(f"    {'gpufence-runtime (before)':26s} {med(pb):7.3f}  ({spread(pb)}), paired +{med([x - r for x, r in zip(pb, pr)]):.3f} ms")
 # The gpufence create by phase (GPUFENCE_PHASES lines, src/runtime/phases.rs).
-ph = {}
-for l in open(f"{s}/run/gpufence/phases.txt"):
-    f = dict(w.split("=", 1) for w in l.split()[1:])
-    ph[f["id"]] = f
-cols = {}
-for i, v in gf.items():
-    f = ph.get(i)
-    if f is None:
-        continue
-    row = {"process start": int(f["main_at"]) / 1000 - v[0] * 1000}
-    row.update({k: int(x) / 1000 for k, x in f.items() if k not in ("id", "main_at", "exec_at", "cpu")})
-    row["exec + runc create"] = v[1] * 1000 - int(f["exec_at"]) / 1000
-    row["wrapper CPU (user+sys)"] = int(f["cpu"]) / 1000
-    for k, x in row.items():
-        cols.setdefault(k, []).append(x)
-if not cols:
-    sys.exit(print("  (no GPUFENCE_PHASES lines: binary without phase timing)"))
-print(f"  gpufence create by phase, median ms (interquartile range), {len(cols['process start'])} runs:")
-for k, xs in cols.items():
-    print(f"    {k:24s} {med(xs):7.3f}  ({spread(xs)})")
+def phases(file, runs_of, title):
+    ph = {}
+    try:
+        for l in open(file):
+            f = dict(w.split("=", 1) for w in l.split()[1:])
+            ph[f["id"]] = f
+    except FileNotFoundError:
+        pass
+    cols = {}
+    for i, v in runs_of.items():
+        f = ph.get(i)
+        if f is None:
+            continue
+        row = {"process start": int(f["main_at"]) / 1000 - v[0] * 1000}
+        row.update({k: int(x) / 1000 for k, x in f.items() if k not in ("id", "main_at", "exec_at", "cpu")})
+        row["exec + runc create"] = v[1] * 1000 - int(f["exec_at"]) / 1000
+        row["wrapper CPU (user+sys)"] = int(f["cpu"]) / 1000
+        for k, x in row.items():
+            cols.setdefault(k, []).append(x)
+    if not cols:
+        return print(f"  ({title}: no GPUFENCE_PHASES lines: binary without phase timing)")
+    print(f"  {title} by phase, median ms (interquartile range), {len(cols['process start'])} runs:")
+    for k, xs in cols.items():
+        print(f"    {k:24s} {med(xs):7.3f}  ({spread(xs)})")
+phases(f"{s}/run/gpufence/phases.txt", gf, "gpufence create")
+if folders:
+    phases(f"{s}/run/gpufence/phases-folders.txt", load("folders"), 'gpufence create, driver-layout = "folders"')
 EOF
