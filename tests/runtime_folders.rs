@@ -113,8 +113,40 @@ fn driver_folders_serve_a_working_container() {
     let s = common::scratch("rt-folders");
     let folders = s.join("driver-folders");
     let n = folders_node(&s, &folders);
+    // `gpufence plan` shows the folding the runtime will do, and changes nothing.
+    let pb = bundle(&s, "p", "true", &[("gpufence.dev/devices", "1")], &[]);
+    let (code, planned, err) = common::run(
+        std::process::Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&n.config)
+            .args(["plan", "--json", "--bundle"])
+            .arg(&pb),
+    );
+    assert_eq!(code, 0, "{err}");
+    let planned: serde_json::Value = serde_json::from_str(&planned).unwrap();
+    let lib = planned["edits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["containerPath"] == "/usr/local/nvidia/lib64")
+        .unwrap_or_else(|| panic!("folder bind planned: {planned}"));
+    let host = lib["hostPath"].as_str().unwrap();
+    assert!(
+        host.starts_with(folders.to_str().unwrap()) && host.ends_with("/lib"),
+        "{host}"
+    );
+    assert!(
+        planned["notes"]
+            .to_string()
+            .contains("made by the first create"),
+        "{planned}"
+    );
+    assert!(!folders.exists(), "plan changed nothing");
+
     let (out, spec) = run_one(&n, &s, "f1");
     let ctx = format!("container output:\n{out}\nspec:\n{spec}");
+    // The directory the plan named is the one the runtime made.
+    assert!(Path::new(host).is_dir(), "{host}");
     assert!(out.lines().any(|l| l == "done"), "{ctx}");
 
     // The spec: three folder binds, no per-file driver bind left, PATH extended.

@@ -73,7 +73,8 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
-    let (plan, cdi_errors) = (intake.plan, intake.cdi_errors);
+    let (mut plan, cdi_errors) = (intake.plan, intake.cdi_errors);
+    show_driver_folders(&cfg, &spec, &intake.inventory, &mut plan);
     tracing::info!(
         container = %id,
         devices = plan.allocation.as_ref().map_or(0, |a| a.devices.len()),
@@ -95,6 +96,43 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     std::io::stdout()
         .write_all(out.as_bytes())
         .map_err(|e| Exit::env(format!("stdout: {e}")))
+}
+
+/// `runtime.driver-layout = "folders"`: the plan as `gpufence-runtime` will apply it — the
+/// driver file binds folded into folder binds from the directory the runtime prepares (named
+/// here, made by the first create), with a note either way. Reads metadata only.
+fn show_driver_folders(
+    cfg: &Config,
+    spec: &serde_json::Value,
+    inventory: &crate::inventory::Inventory,
+    plan: &mut Plan,
+) {
+    use crate::plan::folders;
+    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
+        return;
+    }
+    let Some(f) = folders::fold(plan, inventory) else {
+        return;
+    };
+    match folders::folder_dir(&cfg.runtime.driver_folders, &inventory.driver_version, &f) {
+        Ok(dir) => {
+            let state = if dir.is_dir() {
+                "prepared"
+            } else {
+                "made by the first create"
+            };
+            f.apply(plan, &dir, cfg, folders::spec_path(spec).as_deref());
+            plan.notes.push(format!(
+                "driver layout \"folders\": {} driver file binds served by {} folder binds from {} ({state}; per-file binds if it cannot be made)",
+                f.folded.len(),
+                f.folders.len(),
+                dir.display()
+            ));
+        }
+        Err(e) => plan.notes.push(format!(
+            "driver layout \"folders\" unavailable ({e}): driver files mounted one by one"
+        )),
+    }
 }
 
 fn fmt_mem(m: Option<u64>) -> String {

@@ -13,6 +13,7 @@ use crate::quota::Quota;
 pub mod cgroup;
 pub mod cli;
 pub mod env;
+pub mod folders;
 pub mod intake;
 pub mod mounts;
 pub mod nodes;

@@ -214,7 +214,7 @@ fn fold_driver_files(
     if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
         return Vec::new();
     }
-    let Some(folding) = folders::fold(plan, inventory) else {
+    let Some(folding) = crate::plan::folders::fold(plan, inventory) else {
         return Vec::new();
     };
     match folders::prepare(
@@ -223,7 +223,12 @@ fn fold_driver_files(
         &folding,
     ) {
         Ok(dir) => {
-            folding.apply(plan, &dir, cfg, folders::spec_path(spec).as_deref());
+            folding.apply(
+                plan,
+                &dir,
+                cfg,
+                crate::plan::folders::spec_path(spec).as_deref(),
+            );
             tracing::info!(
                 container = id,
                 folder = %dir.display(),

@@ -1,0 +1,592 @@
+//! The `folders` driver layout (`runtime.driver-layout = "folders"`), its decision part: the
+//! plan's read-only driver file binds folded into one bind per folder, so runc makes a handful of
+//! mounts instead of one per file (each read-only bind is two mount calls in runc, plus a mount
+//! target created in the image's overlay — the bulk of what runc itself spends on a GPU
+//! container). Used by `gpufence-runtime` (which prepares the host side,
+//! `src/runtime/folders.rs`) and by `gpufence plan` (which shows it, changing nothing).
+//!
+//! * [`fold`] (pure) decides: the libraries of the plan's main library folder go to
+//!   [`LIB_FOLDER`], its binaries to [`BIN_FOLDER`], its firmware to the firmware's own folder
+//!   (the same paths as on the host); read-only data files in the library folder go with the
+//!   libraries, read-write files there (the simulated node's device timeline) are bound over an
+//!   empty placeholder inside the folder. Sockets, config files elsewhere and libraries of other
+//!   folders keep their own binds. Nothing is folded unless at least two mounts are saved.
+//! * [`folder_dir`] (reads metadata only) names the host directory that holds the folders: the
+//!   driver version and a hash of every file's identity (device, inode, size, mtime), so a driver
+//!   upgrade (new inodes) gives a new name. Only regular files qualify (a symlinked driver file
+//!   is refused, never followed).
+//! * [`Folding::apply`] (pure) rewrites the plan's mounts and its ld cache hook's folders, and
+//!   appends [`BIN_FOLDER`] to the process `PATH`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::cdi::MountEdit;
+use crate::inventory::{DriverFile, FileKind, Inventory};
+use crate::plan::{Plan, RO_BIND};
+
+/// Where the folded driver libraries appear in the container (the folder NVIDIA's CUDA images
+/// already name in `LD_LIBRARY_PATH`).
+pub const LIB_FOLDER: &str = "/usr/local/nvidia/lib64";
+/// Where the folded driver binaries appear (appended to `PATH`).
+pub const BIN_FOLDER: &str = "/usr/local/nvidia/bin";
+/// `PATH` when the spec sets none (runc's and Docker's default).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Why a folder could not be prepared (the container then gets the `files` layout).
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {why}")]
+    Unsafe { path: PathBuf, why: &'static str },
+}
+
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
+    move |source| FolderError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One file in a folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// File name inside the folder (the container path's last component).
+    pub name: String,
+    pub host: PathBuf,
+    /// A soname link to create beside it (`libcuda.so.1` → `libcuda.so.580.65.06`).
+    pub soname: Option<String>,
+}
+
+/// One folder bind: its sub-directory in the prepared directory, where it appears, its files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Folder {
+    pub name: &'static str,
+    pub container: String,
+    pub members: Vec<Member>,
+    /// Empty files to create, for read-write binds placed over them inside the folder.
+    pub placeholders: Vec<String>,
+}
+
+/// What [`fold`] decided for one plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Folding {
+    pub folders: Vec<Folder>,
+    /// Indices (in `plan.edits.mounts`) of the file binds the folders replace.
+    pub folded: Vec<usize>,
+    /// Read-write binds moved into a folder: index, new container path.
+    pub moved: Vec<(usize, String)>,
+    /// The library folder the folded libraries came from (renamed in the ld cache hook).
+    pub lib_from: Option<String>,
+}
+
+fn folder_of(p: &str) -> Option<(&str, &str)> {
+    let p = Path::new(p);
+    Some((p.parent()?.to_str()?, p.file_name()?.to_str()?))
+}
+
+/// The plan's driver file binds grouped into folders (pure; see the module docs). `None` when
+/// folding would save fewer than two mounts.
+pub fn fold(plan: &Plan, inventory: &Inventory) -> Option<Folding> {
+    let by_host: BTreeMap<String, &DriverFile> = inventory
+        .driver_files
+        .iter()
+        .map(|f| (f.host_path.display().to_string(), f))
+        .collect();
+    // (index, mount, driver file) of every mount that binds a driver file at its own path.
+    let driver: Vec<(usize, &MountEdit, &DriverFile)> = plan
+        .edits
+        .mounts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let f = by_host.get(&m.host_path)?;
+            (f.container_path == m.container_path && m.kind.is_none()).then_some((i, m, *f))
+        })
+        .collect();
+    let ro = |m: &MountEdit| m.options == RO_BIND;
+    let main_folder = |kind: FileKind| -> Option<String> {
+        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, m, f) in &driver {
+            if f.kind == kind && ro(m) {
+                *count.entry(folder_of(&m.container_path)?.0).or_default() += 1;
+            }
+        }
+        let most = count.values().copied().max()?;
+        count
+            .into_iter()
+            .find(|(_, n)| *n == most)
+            .map(|(d, _)| d.to_string())
+    };
+    let lib_from = main_folder(FileKind::Library);
+    let plans = [
+        ("lib", lib_from.clone(), Some(LIB_FOLDER.to_string())),
+        (
+            "bin",
+            main_folder(FileKind::Binary),
+            Some(BIN_FOLDER.to_string()),
+        ),
+        ("firmware", main_folder(FileKind::Firmware), None),
+    ];
+    let mut out = Folding {
+        folders: Vec::new(),
+        folded: Vec::new(),
+        moved: Vec::new(),
+        lib_from: None,
+    };
+    for (name, from, to) in plans {
+        let Some(from) = from else { continue };
+        let container = to.unwrap_or_else(|| from.clone());
+        let mut folder = Folder {
+            name,
+            container: container.clone(),
+            members: Vec::new(),
+            placeholders: Vec::new(),
+        };
+        for (i, m, f) in &driver {
+            let Some((dir, file)) = folder_of(&m.container_path) else {
+                continue;
+            };
+            let wanted = match name {
+                "lib" => !matches!(f.kind, FileKind::Binary | FileKind::Socket),
+                "bin" => f.kind == FileKind::Binary,
+                _ => f.kind == FileKind::Firmware,
+            };
+            if dir != from || !wanted {
+                continue;
+            }
+            if ro(m) {
+                folder.members.push(Member {
+                    name: file.to_string(),
+                    host: f.host_path.clone(),
+                    soname: f.soname.clone().filter(|s| s != file && !s.contains('/')),
+                });
+                out.folded.push(*i);
+            } else if name == "lib" && f.kind == FileKind::DeviceState {
+                folder.placeholders.push(file.to_string());
+                out.moved.push((*i, format!("{container}/{file}")));
+            }
+        }
+        if name == "lib" && !folder.members.is_empty() {
+            out.lib_from = Some(from);
+        }
+        if !folder.members.is_empty() {
+            out.folders.push(folder);
+        }
+    }
+    // Soname links must not collide with a member's own name.
+    for f in &mut out.folders {
+        let names: Vec<String> = f.members.iter().map(|m| m.name.clone()).collect();
+        for m in &mut f.members {
+            if m.soname.as_ref().is_some_and(|s| names.contains(s)) {
+                m.soname = None;
+            }
+        }
+    }
+    out.folded.sort_unstable();
+    (out.folded.len() >= out.folders.len() + 2).then_some(out)
+}
+
+/// FNV-1a, 64 bits: a stable name for a set of file identities (not a security boundary: the
+/// folder's directory is root's alone).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A file name part from the driver version (anything but `[0-9A-Za-z._-]` becomes `_`).
+fn version_part(v: &str) -> String {
+    let s: String = v
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if s.is_empty() || s.starts_with('.') {
+        format!("v{s}")
+    } else {
+        s
+    }
+}
+
+/// The directory `runtime.driver-folders`, created 0755 when absent; refused unless it is a
+/// real directory owned by this user (root) and writable by no one else.
+/// Where the prepared directory for `folding` is, or will be, under `root` (`runtime.driver-folders`):
+/// named by the driver version and a hash of every member's identity (device, inode, size,
+/// mtime). Reads metadata only; refuses a member that is not a regular file.
+pub fn folder_dir(
+    root: &Path,
+    driver_version: &str,
+    folding: &Folding,
+) -> Result<PathBuf, FolderError> {
+    let mut id = Vec::new();
+    for f in &folding.folders {
+        id.extend_from_slice(f.name.as_bytes());
+        for m in &f.members {
+            let md = std::fs::symlink_metadata(&m.host).map_err(io(&m.host))?;
+            if !md.file_type().is_file() {
+                return Err(FolderError::Unsafe {
+                    path: m.host.clone(),
+                    why: "not a regular file (a driver file is linked, never followed)",
+                });
+            }
+            let line = format!(
+                "\0{}\0{:?}\0{}:{}:{}:{}:{}\0",
+                m.name,
+                m.soname,
+                md.dev(),
+                md.ino(),
+                md.size(),
+                md.mtime(),
+                md.mtime_nsec()
+            );
+            id.extend_from_slice(line.as_bytes());
+        }
+        for p in &f.placeholders {
+            id.extend_from_slice(format!("\0placeholder\0{p}").as_bytes());
+        }
+    }
+    let version = version_part(driver_version);
+    Ok(root.join(format!("{version}-{:016x}", fnv1a(&id))))
+}
+
+impl Folding {
+    /// Rewrite `plan` to mount the folders of `prepared` (from [`prepare`]); `path` is the
+    /// spec's current `PATH` value, if any.
+    pub fn apply(
+        &self,
+        plan: &mut Plan,
+        prepared: &Path,
+        cfg: &crate::config::Config,
+        path: Option<&str>,
+    ) {
+        let mounts = std::mem::take(&mut plan.edits.mounts);
+        let first = self.folded.first().copied().unwrap_or(0);
+        let mut out = Vec::with_capacity(mounts.len());
+        let mut moved = Vec::new();
+        for (i, mut m) in mounts.into_iter().enumerate() {
+            if i == first {
+                out.extend(self.folders.iter().map(|f| MountEdit {
+                    host_path: prepared.join(f.name).display().to_string(),
+                    container_path: f.container.clone(),
+                    kind: None,
+                    options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+                }));
+            }
+            if self.folded.binary_search(&i).is_ok() {
+                continue;
+            }
+            if let Some((_, to)) = self.moved.iter().find(|(j, _)| *j == i) {
+                m.container_path = to.clone();
+                moved.push(m);
+                continue;
+            }
+            out.push(m);
+        }
+        // Read-write binds inside a folder go after the folder's own mount.
+        let at = out
+            .iter()
+            .rposition(|m| self.folders.iter().any(|f| f.container == m.container_path))
+            .map_or(out.len(), |p| p + 1);
+        out.splice(at..at, moved);
+        plan.edits.mounts = out;
+
+        if let Some(from) = &self.lib_from {
+            for h in &mut plan.edits.hooks {
+                let Some(mut folders) = crate::plan::ldcache_hook_folders(h) else {
+                    continue;
+                };
+                if *h != crate::plan::ldcache_hook(cfg, &folders) {
+                    continue;
+                }
+                for f in &mut folders {
+                    if f == from {
+                        *f = LIB_FOLDER.to_string();
+                    }
+                }
+                folders.dedup();
+                *h = crate::plan::ldcache_hook(cfg, &folders);
+            }
+        }
+        if self.folders.iter().any(|f| f.container == BIN_FOLDER) {
+            let current = path.unwrap_or(DEFAULT_PATH);
+            if !current.split(':').any(|p| p == BIN_FOLDER) {
+                let sep = if current.is_empty() { "" } else { ":" };
+                plan.edits
+                    .env
+                    .push(format!("PATH={current}{sep}{BIN_FOLDER}"));
+            }
+        }
+    }
+
+    /// The folded libraries: their container path in [`LIB_FOLDER`], their host file.
+    pub fn libraries(&self) -> Vec<(String, PathBuf)> {
+        self.folders
+            .iter()
+            .filter(|f| f.container == LIB_FOLDER)
+            .flat_map(|f| {
+                f.members
+                    .iter()
+                    .map(|m| (format!("{LIB_FOLDER}/{}", m.name), m.host.clone()))
+            })
+            .collect()
+    }
+}
+
+/// The spec's `PATH` (the first `PATH=` of `process.env`, the one `getenv` returns and the
+/// one the spec editor replaces).
+pub fn spec_path(spec: &serde_json::Value) -> Option<String> {
+    spec.pointer("/process/env")?
+        .as_array()?
+        .iter()
+        .find_map(|v| v.as_str()?.strip_prefix("PATH="))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::inventory::Capability;
+
+    fn file(host: &str, container: &str, kind: FileKind, soname: Option<&str>) -> DriverFile {
+        DriverFile {
+            host_path: PathBuf::from(host),
+            container_path: container.to_string(),
+            kind,
+            capability: Capability::Compute,
+            soname: soname.map(str::to_string),
+        }
+    }
+
+    fn bind(f: &DriverFile, opts: &[&str]) -> MountEdit {
+        MountEdit {
+            host_path: f.host_path.display().to_string(),
+            container_path: f.container_path.clone(),
+            kind: None,
+            options: opts.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    const L: &str = "/usr/lib/x86_64-linux-gnu";
+
+    /// A node's driver files under `root` and a plan binding all of them (plus the shim).
+    pub(crate) fn node(root: &str) -> (Inventory, Plan) {
+        let files = vec![
+            file(
+                &format!("{root}/cuda"),
+                &format!("{L}/libcuda.so.580"),
+                FileKind::Library,
+                Some("libcuda.so.1"),
+            ),
+            file(
+                &format!("{root}/ml"),
+                &format!("{L}/libnvidia-ml.so.580"),
+                FileKind::Library,
+                Some("libnvidia-ml.so.1"),
+            ),
+            file(
+                &format!("{root}/json"),
+                &format!("{L}/node.json"),
+                FileKind::Config,
+                None,
+            ),
+            file(
+                &format!("{root}/timeline"),
+                &format!("{L}/timeline"),
+                FileKind::DeviceState,
+                None,
+            ),
+            file(
+                &format!("{root}/cuda32"),
+                "/usr/lib/i386-linux-gnu/libcuda.so.580",
+                FileKind::Library,
+                Some("libcuda.so.1"),
+            ),
+            file(
+                &format!("{root}/smi"),
+                "/usr/bin/nvidia-smi",
+                FileKind::Binary,
+                None,
+            ),
+            file(
+                &format!("{root}/gsp1"),
+                "/lib/firmware/nvidia/580/gsp_a.bin",
+                FileKind::Firmware,
+                None,
+            ),
+            file(
+                &format!("{root}/gsp2"),
+                "/lib/firmware/nvidia/580/gsp_b.bin",
+                FileKind::Firmware,
+                None,
+            ),
+            file(
+                &format!("{root}/sock"),
+                "/run/nvidia-persistenced/socket",
+                FileKind::Socket,
+                None,
+            ),
+        ];
+        let mut plan = Plan::default();
+        plan.edits.mounts = files
+            .iter()
+            .map(|f| match f.kind {
+                FileKind::DeviceState => bind(f, &crate::plan::RW_STATE_BIND),
+                _ => bind(f, &RO_BIND),
+            })
+            .collect();
+        plan.edits.mounts.insert(
+            2,
+            MountEdit {
+                host_path: "/opt/shim.so".into(),
+                container_path: "/usr/lib/gpufence/libgpufence.so".into(),
+                kind: None,
+                options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+            },
+        );
+        let mut inv = Inventory::empty();
+        inv.driver_version = "580.65.06".into();
+        inv.driver_files = files;
+        (inv, plan)
+    }
+
+    #[test]
+    fn folds_libraries_binaries_and_firmware_of_their_main_folders() {
+        let (inv, plan) = node("/host");
+        let f = fold(&plan, &inv).expect("folds");
+        let names: Vec<(&str, &str, usize)> = f
+            .folders
+            .iter()
+            .map(|d| (d.name, d.container.as_str(), d.members.len()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("lib", LIB_FOLDER, 3),
+                ("bin", BIN_FOLDER, 1),
+                ("firmware", "/lib/firmware/nvidia/580", 2)
+            ]
+        );
+        // Mount indices: shim at 2 shifts the rest; the i386 library and the socket stay.
+        assert_eq!(f.folded, [0, 1, 3, 6, 7, 8]);
+        assert_eq!(f.moved, [(4, format!("{LIB_FOLDER}/timeline"))]);
+        assert_eq!(f.lib_from.as_deref(), Some(L));
+        assert_eq!(f.folders[0].placeholders, ["timeline"]);
+        let cuda = &f.folders[0].members[0];
+        assert_eq!(
+            (cuda.name.as_str(), cuda.soname.as_deref()),
+            ("libcuda.so.580", Some("libcuda.so.1"))
+        );
+        assert_eq!(f.folders[0].members[2].soname, None);
+    }
+
+    #[test]
+    fn nothing_folded_unless_two_mounts_are_saved() {
+        let (mut inv, mut plan) = node("/host");
+        inv.driver_files.truncate(2);
+        plan.edits.mounts.truncate(2);
+        // Two libraries into one folder saves one mount: not worth a folder.
+        assert_eq!(fold(&plan, &inv), None);
+        // A bind that is not at the file's own path, or not read-only, is never folded.
+        let (inv, mut plan) = node("/host");
+        for m in &mut plan.edits.mounts {
+            m.container_path = format!("/elsewhere{}", m.container_path);
+        }
+        assert_eq!(fold(&plan, &inv), None);
+    }
+
+    #[test]
+    fn apply_rewrites_mounts_hook_and_path() {
+        let (inv, mut plan) = node("/host");
+        let cfg = crate::config::Config::default();
+        plan.edits.hooks.push(crate::plan::ldcache_hook(
+            &cfg,
+            &[L.to_string(), "/usr/lib/i386-linux-gnu".to_string()],
+        ));
+        let f = fold(&plan, &inv).unwrap();
+        f.apply(
+            &mut plan,
+            Path::new("/prep/v-1"),
+            &cfg,
+            Some("/usr/bin:/bin"),
+        );
+        let dest: Vec<&str> = plan
+            .edits
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert_eq!(
+            dest,
+            [
+                LIB_FOLDER,
+                BIN_FOLDER,
+                "/lib/firmware/nvidia/580",
+                "/usr/local/nvidia/lib64/timeline",
+                "/usr/lib/gpufence/libgpufence.so",
+                "/usr/lib/i386-linux-gnu/libcuda.so.580",
+                "/run/nvidia-persistenced/socket",
+            ]
+        );
+        assert_eq!(plan.edits.mounts[0].host_path, "/prep/v-1/lib");
+        assert_eq!(plan.edits.mounts[0].options, RO_BIND);
+        assert_eq!(plan.edits.mounts[3].options, crate::plan::RW_STATE_BIND);
+        assert_eq!(
+            crate::plan::ldcache_hook_folders(&plan.edits.hooks[0]).unwrap(),
+            [LIB_FOLDER, "/usr/lib/i386-linux-gnu"]
+        );
+        assert_eq!(plan.edits.env, [format!("PATH=/usr/bin:/bin:{BIN_FOLDER}")]);
+        assert_eq!(
+            f.libraries()[0],
+            (
+                format!("{LIB_FOLDER}/libcuda.so.580"),
+                PathBuf::from("/host/cuda")
+            )
+        );
+
+        // PATH already naming the folder is left alone; no PATH at all gets the default.
+        let (inv, mut plan) = node("/host");
+        let f = fold(&plan, &inv).unwrap();
+        f.apply(
+            &mut plan,
+            Path::new("/p"),
+            &cfg,
+            Some(&format!("{BIN_FOLDER}:/bin")),
+        );
+        assert!(plan.edits.env.is_empty());
+        let (inv, mut plan) = node("/host");
+        fold(&plan, &inv)
+            .unwrap()
+            .apply(&mut plan, Path::new("/p"), &cfg, None);
+        assert_eq!(
+            plan.edits.env,
+            [format!("PATH={DEFAULT_PATH}:{BIN_FOLDER}")]
+        );
+    }
+
+    #[test]
+    fn spec_path_is_the_first_path() {
+        let s = serde_json::json!({"process": {"env": ["A=1", "PATH=/a", "PATH=/b"]}});
+        assert_eq!(spec_path(&s).as_deref(), Some("/a"));
+        assert_eq!(spec_path(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn version_part_is_a_plain_name() {
+        assert_eq!(version_part("580.65.06"), "580.65.06");
+        assert_eq!(version_part("../x/y"), "v.._x_y");
+        assert_eq!(version_part(""), "v");
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+    }
+}
