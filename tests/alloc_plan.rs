@@ -60,15 +60,13 @@ fn full_plan_for_two_gpus() {
         .iter()
         .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
         .collect();
-    // Parent-first (by depth; equal depths keep the plan's order): a directory mount never
-    // hides one below it.
+    // Everything else first, then what enforces the quota (so no other mount, redirected by an
+    // image symlink, can land on it); parent-first by depth within each group (equal depths keep
+    // the plan's order): a directory mount never hides one below it.
     assert_eq!(
         mounts,
         [
-            ("/run/gpufence/ld.so.preload", "/etc/ld.so.preload"),
-            ("tmpfs", "/run/gpufence"),
             ("/sim/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
-            ("/run/gpufence/ctr-a/quota", "/run/gpufence/quota"),
             (
                 "/sim/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
@@ -77,10 +75,16 @@ fn full_plan_for_two_gpus() {
                 "/sim/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06",
                 "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.65.06"
             ),
-            ("/usr/lib/gpufence/libgpufence.so", CONTAINER_SHIM_PATH),
             (
                 "/sim/driver/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin",
                 "/lib/firmware/nvidia/580.65.06/gsp_ga10x.bin"
+            ),
+            ("/run/gpufence/ld.so.preload", "/etc/ld.so.preload"),
+            ("tmpfs", "/run/gpufence"),
+            ("/run/gpufence/ctr-a/quota", "/run/gpufence/quota"),
+            (
+                "/usr/lib/gpufence/libgpufence.so",
+                "/usr/lib/gpufence/libgpufence.so"
             ),
         ]
     );
@@ -342,13 +346,19 @@ fn foreign_cdi_devices_are_applied_faithfully() {
             .iter()
             .any(|m| m.container_path == "/opt/vnic/lib")
     );
-    let depths: Vec<usize> = p
+    // Parent-first within each group; gpufence's enforcement mounts after every other one.
+    let keys: Vec<(bool, usize)> = p
         .edits
         .mounts
         .iter()
-        .map(|m| m.container_path.matches('/').count())
+        .map(|m| {
+            (
+                gpufence::plan::is_reserved_destination(&m.container_path),
+                m.container_path.matches('/').count(),
+            )
+        })
         .collect();
-    assert!(depths.windows(2).all(|w| w[0] <= w[1]), "{depths:?}");
+    assert!(keys.windows(2).all(|w| w[0] <= w[1]), "{keys:?}");
     assert!(p.quota.is_some());
 }
 

@@ -97,3 +97,76 @@ fn stale_case(s: &std::path::Path, n: &runtime_support::Node, name: &str, script
     let (code2, _, err2) = runtime(n, &root, &s.join("runc.log"), &["delete", &id]);
     assert_eq!(code, code2, "{err} / {err2}");
 }
+
+/// An image symlink turns a driver mount's target into gpufence's own: runc follows symlinks
+/// inside the rootfs, so `usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06 -> /etc/ld.so.preload`
+/// bound libcuda over the preload file (the shim was never loaded: no quota), and with
+/// `runtime.driver-layout = "folders"`, `usr/local/nvidia/lib64 -> /etc` covers all of `/etc`.
+/// gpufence's enforcement mounts now come after every other mount: the preload is on top and
+/// names the shim, or runc cannot make its mount point and the container does not start.
+#[test]
+fn image_symlinks_cannot_cover_the_enforcement_mounts() {
+    if common::skip_unless(&["runc"]) {
+        return;
+    }
+    let s = common::scratch("rt-sec-cover");
+    let script = "echo \"preload=$(grep -c '^/usr/lib/gpufence/libgpufence.so$' /etc/ld.so.preload)\"";
+    // Per-file layout: the preload still names the shim.
+    let n = node(&s, 2, &[]);
+    let b = bundle(&s, "files", script, &[("gpufence.dev/devices", "1")], &[]);
+    let lib = b.join("rootfs/usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::os::unix::fs::symlink("/etc/ld.so.preload", lib.join("libcuda.so.580.65.06")).unwrap();
+    let root = s.join("runc-root");
+    let log = s.join("runc.log");
+    let id = unique_id("cover");
+    let (code, out, err) = runtime(&n, &root, &log, &["run", "-b", b.to_str().unwrap(), &id]);
+    let _ = runtime(&n, &root, &log, &["delete", "-f", &id]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("preload=1"),
+        "the shim is preloaded: {out}\n{err}"
+    );
+
+    // Folder layout: `/usr/local/nvidia/lib64 -> /etc` — the container never runs without the
+    // preload: either it is on top, or runc refuses to create the container.
+    let s2 = common::scratch("rt-sec-cover-folders");
+    let n2 = node(
+        &s2,
+        2,
+        &[
+            ("runtime.driver-layout", toml_edit::value("folders")),
+            (
+                "runtime.driver-folders",
+                toml_edit::value(s2.join("folders").display().to_string()),
+            ),
+        ],
+    );
+    let b2 = bundle(
+        &s2,
+        "folders",
+        script,
+        &[("gpufence.dev/devices", "1")],
+        &[],
+    );
+    std::fs::create_dir_all(b2.join("rootfs/usr/local/nvidia")).unwrap();
+    std::os::unix::fs::symlink("/etc", b2.join("rootfs/usr/local/nvidia/lib64")).unwrap();
+    let root2 = s2.join("runc-root");
+    let id2 = unique_id("cover2");
+    let (code, out, err) = runtime(
+        &n2,
+        &root2,
+        &log,
+        &["run", "-b", b2.to_str().unwrap(), &id2],
+    );
+    let _ = runtime(&n2, &root2, &log, &["delete", "-f", &id2]);
+    assert!(
+        !out.contains("preload=") || out.contains("preload=1"),
+        "never without the shim: {out}\n{err}"
+    );
+    assert!(
+        code != 0 || out.contains("preload=1"),
+        "{code} {out}\n{err}"
+    );
+    assert!(runc_list(&root2).is_empty());
+}

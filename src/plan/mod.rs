@@ -216,9 +216,17 @@ pub fn plan_with(
     }
     plan.cgroup_rules = cgroup::rules(&edits.device_nodes)?;
 
-    // Parent-first, so a directory mount never hides one below it (the quota under the state
+    // What enforces the quota (the state tmpfs and its quota, the shim, ld.so.preload) last, so
+    // no other mount can land on it — an image symlink can turn a driver mount's target into
+    // `/etc` or `/etc/ld.so.preload`, and runc follows it inside the rootfs; parent-first within
+    // each group, so a directory mount never hides one below it (the quota under the state
     // tmpfs); stable, so equal depths keep their order.
-    edits.mounts.sort_by_key(|m| mount_depth(&m.container_path));
+    edits.mounts.sort_by_key(|m| {
+        (
+            is_reserved_destination(&m.container_path),
+            mount_depth(&m.container_path),
+        )
+    });
 
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
