@@ -30,7 +30,8 @@ echo "gpu0 $(probe /dev/nvidia0)"
 echo "gpu1 $(probe /dev/nvidia1)"
 echo "path $PATH"
 nvidia-smi > /tmp/smi 2>&1; echo "smi-rc $?"; sed 's/^/smi /' /tmp/smi
-test -e /usr/bin/nvidia-smi && echo "usrbin present" || echo "usrbin absent"
+test -L /usr/bin/nvidia-smi && echo "usrbin $(readlink /usr/bin/nvidia-smi)" || echo "usrbin absent"
+PATH=/usr/bin:/bin nvidia-smi >/dev/null 2>&1; echo "exec-path-rc $?"
 $C dlsym where info fill 1048576 free
 (echo x >> /usr/local/nvidia/lib64/libcuda.so.1) 2>/dev/null && echo "lib-write allowed" || echo "lib-write denied"
 (echo x > /usr/local/nvidia/lib64/planted) 2>/dev/null && echo "folder-write allowed" || echo "folder-write denied"
@@ -191,7 +192,14 @@ fn driver_folders_serve_a_working_container() {
         smi[0].contains(&gpufence::sim::gpu_uuid(1)) && smi[0].contains("memory.total=100MiB"),
         "{ctx}"
     );
-    assert_eq!(field(&out, "usrbin"), ["absent"], "{ctx}");
+    // At its host path too (a symlink into the folder): for `kubectl exec`, whose process gets
+    // the engine's env rather than the edited PATH, and for scripts naming /usr/bin/nvidia-smi.
+    assert_eq!(
+        field(&out, "usrbin"),
+        ["/usr/local/nvidia/bin/nvidia-smi"],
+        "{ctx}"
+    );
+    assert_eq!(field(&out, "exec-path-rc"), ["0"], "{ctx}");
     assert!(out.contains("where cuMemAlloc_v2 libgpufence.so"), "{ctx}");
     let quota = 100 * MIB;
     assert_eq!(num(&out, "fill"), quota, "{ctx}");

@@ -110,7 +110,8 @@ fn image_symlinks_cannot_cover_the_enforcement_mounts() {
         return;
     }
     let s = common::scratch("rt-sec-cover");
-    let script = "echo \"preload=$(grep -c '^/usr/lib/gpufence/libgpufence.so$' /etc/ld.so.preload)\"";
+    let script =
+        "echo \"preload=$(grep -c '^/usr/lib/gpufence/libgpufence.so$' /etc/ld.so.preload)\"";
     // Per-file layout: the preload still names the shim.
     let n = node(&s, 2, &[]);
     let b = bundle(&s, "files", script, &[("gpufence.dev/devices", "1")], &[]);

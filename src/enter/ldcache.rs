@@ -524,6 +524,44 @@ pub fn update(
     })
 }
 
+/// Make each `(path, target)` a symlink in `rootfs` (binaries of a prepared driver folder at their
+/// host paths), the way soname links are made: the parent resolved inside the rootfs (created
+/// when missing), an existing symlink replaced, anything else of the image left as it is.
+/// Returns how many links are in place.
+pub fn link_in_root(rootfs: &Path, links: &[(String, String)]) -> Result<usize, LdcacheError> {
+    if links.is_empty() {
+        return Ok(0);
+    }
+    let rerr = |what: &str| {
+        let what = what.to_string();
+        move |errno| LdcacheError::Rootfs {
+            rootfs: rootfs.to_path_buf(),
+            what,
+            errno,
+        }
+    };
+    let root = nix::fcntl::open(
+        rootfs,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(rerr("open"))?;
+    let mut made = 0;
+    for (path, target) in links {
+        let p = Path::new(path);
+        let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str()))
+        else {
+            return Err(LdcacheError::BadFolder(path.clone()));
+        };
+        let rel = validate_folder(&parent.display().to_string())?;
+        let dir = ensure_dir(&root, &rel).map_err(rerr(&parent.display().to_string()))?;
+        if soname_link(&dir, name, target).map_err(rerr(path))? {
+            made += 1;
+        }
+    }
+    Ok(made)
+}
+
 /// What ldconfig would read from each host file mounted into `folders` (the plan's library
 /// mounts, before they are mounted). Files that are not shared objects are left out.
 pub fn known_libraries(mounts: &[(String, PathBuf)]) -> Vec<Library> {

@@ -115,7 +115,7 @@ fn show_driver_folders(
         return;
     };
     match folders::folder_dir(&cfg.runtime.driver_folders, &inventory.driver_version, &f) {
-        Ok(dir) => {
+        Ok(folders::FolderDir { path: dir, .. }) => {
             let state = if dir.is_dir() {
                 "prepared"
             } else {

@@ -68,6 +68,8 @@ pub struct Member {
 pub struct Folder {
     pub name: &'static str,
     pub container: String,
+    /// The folder its members come from (their container paths in the `files` layout).
+    pub from: String,
     pub members: Vec<Member>,
     /// Empty files to create, for read-write binds placed over them inside the folder.
     pub placeholders: Vec<String>,
@@ -117,10 +119,12 @@ pub fn fold(plan: &Plan, inventory: &Inventory) -> Option<Folding> {
                 *count.entry(folder_of(&m.container_path)?.0).or_default() += 1;
             }
         }
-        let most = count.values().copied().max()?;
+        // A 64-bit folder before a 32-bit one (`/usr/lib64` over `/usr/lib` on RHEL-style
+        // nodes, `x86_64-linux-gnu` over `i386-linux-gnu`), then the most files, then the name.
+        let best = count.iter().map(|(d, n)| (d.contains("64"), *n)).max()?;
         count
             .into_iter()
-            .find(|(_, n)| *n == most)
+            .find(|(d, n)| (d.contains("64"), *n) == best)
             .map(|(d, _)| d.to_string())
     };
     let lib_from = main_folder(FileKind::Library);
@@ -145,6 +149,7 @@ pub fn fold(plan: &Plan, inventory: &Inventory) -> Option<Folding> {
         let mut folder = Folder {
             name,
             container: container.clone(),
+            from: from.clone(),
             members: Vec::new(),
             placeholders: Vec::new(),
         };
@@ -222,15 +227,28 @@ fn version_part(v: &str) -> String {
 
 /// The directory `runtime.driver-folders`, created 0755 when absent; refused unless it is a
 /// real directory owned by this user (root) and writable by no one else.
-/// Where the prepared directory for `folding` is, or will be, under `root` (`runtime.driver-folders`):
-/// named by the driver version and a hash of every member's identity (device, inode, size,
-/// mtime). Reads metadata only; refuses a member that is not a regular file.
+/// Bumped whenever the content of a prepared directory changes shape, so a new gpufence never
+/// reuses an old one's.
+const LAYOUT_VERSION: &str = "gpufence driver folders v1";
+
+/// A prepared directory's name, and the (device, inode) of each member in folder order, for
+/// checking that what gets linked is what was named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderDir {
+    pub path: PathBuf,
+    pub ids: Vec<(u64, u64)>,
+}
+
+/// Where the prepared directory for `folding` is, or will be, under `root`
+/// (`runtime.driver-folders`): named by the driver version and a hash of every member's identity
+/// (device, inode, size, mtime). Reads metadata only; refuses a member that is not a regular file.
 pub fn folder_dir(
     root: &Path,
     driver_version: &str,
     folding: &Folding,
-) -> Result<PathBuf, FolderError> {
-    let mut id = Vec::new();
+) -> Result<FolderDir, FolderError> {
+    let mut id = LAYOUT_VERSION.as_bytes().to_vec();
+    let mut ids = Vec::new();
     for f in &folding.folders {
         id.extend_from_slice(f.name.as_bytes());
         for m in &f.members {
@@ -252,13 +270,17 @@ pub fn folder_dir(
                 md.mtime_nsec()
             );
             id.extend_from_slice(line.as_bytes());
+            ids.push((md.dev(), md.ino()));
         }
         for p in &f.placeholders {
             id.extend_from_slice(format!("\0placeholder\0{p}").as_bytes());
         }
     }
     let version = version_part(driver_version);
-    Ok(root.join(format!("{version}-{:016x}", fnv1a(&id))))
+    Ok(FolderDir {
+        path: root.join(format!("{version}-{:016x}", fnv1a(&id))),
+        ids,
+    })
 }
 
 impl Folding {
@@ -328,6 +350,25 @@ impl Folding {
                     .push(format!("PATH={current}{sep}{BIN_FOLDER}"));
             }
         }
+    }
+
+    /// Symlinks at the binaries' own paths (`/usr/bin/nvidia-smi` →
+    /// `/usr/local/nvidia/bin/nvidia-smi`): `PATH` reaches the container's own process only,
+    /// while `kubectl exec` / `runc exec` processes get the engine's env, and scripts name
+    /// `/usr/bin/nvidia-smi`. (path in the container, link target)
+    pub fn binary_links(&self) -> Vec<(String, String)> {
+        self.folders
+            .iter()
+            .filter(|f| f.container == BIN_FOLDER)
+            .flat_map(|f| {
+                f.members.iter().map(|m| {
+                    (
+                        format!("{}/{}", f.from.trim_end_matches('/'), m.name),
+                        format!("{BIN_FOLDER}/{}", m.name),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// The folded libraries: their container path in [`LIB_FOLDER`], their host file.
@@ -492,6 +533,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_64_bit_library_folder_wins_a_tie() {
+        // RHEL-style: /usr/lib holds the 32-bit libraries, /usr/lib64 the 64-bit ones.
+        let files: Vec<DriverFile> = ["/usr/lib", "/usr/lib64"]
+            .iter()
+            .flat_map(|d| {
+                [
+                    "libcuda.so.580",
+                    "libnvidia-ml.so.580",
+                    "libnvidia-cfg.so.580",
+                ]
+                .map(|n| {
+                    file(
+                        &format!("/h{d}/{n}"),
+                        &format!("{d}/{n}"),
+                        FileKind::Library,
+                        None,
+                    )
+                })
+            })
+            .collect();
+        let mut plan = Plan::default();
+        plan.edits.mounts = files.iter().map(|f| bind(f, &RO_BIND)).collect();
+        let mut inv = Inventory::empty();
+        inv.driver_files = files;
+        let f = fold(&plan, &inv).unwrap();
+        assert_eq!(f.lib_from.as_deref(), Some("/usr/lib64"));
+        assert!(
+            f.folders[0]
+                .members
+                .iter()
+                .all(|m| m.host.starts_with("/h/usr/lib64"))
+        );
+    }
+
+    #[test]
     fn nothing_folded_unless_two_mounts_are_saved() {
         let (mut inv, mut plan) = node("/host");
         inv.driver_files.truncate(2);
@@ -572,6 +648,19 @@ pub(crate) mod tests {
         assert_eq!(
             plan.edits.env,
             [format!("PATH={DEFAULT_PATH}:{BIN_FOLDER}")]
+        );
+    }
+
+    #[test]
+    fn binary_links_point_into_the_bin_folder() {
+        let (inv, plan) = node("/host");
+        let f = fold(&plan, &inv).unwrap();
+        assert_eq!(
+            f.binary_links(),
+            [(
+                "/usr/bin/nvidia-smi".to_string(),
+                format!("{BIN_FOLDER}/nvidia-smi")
+            )]
         );
     }
 

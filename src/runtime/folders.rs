@@ -10,7 +10,7 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::plan::folders::{FolderError, Folding, folder_dir, io};
+use crate::plan::folders::{FolderDir, FolderError, Folding, folder_dir, io};
 
 fn folders_root(root: &Path) -> Result<(), FolderError> {
     if !root.exists() {
@@ -44,12 +44,7 @@ pub fn prepare(
     driver_version: &str,
     folding: &Folding,
 ) -> Result<PathBuf, FolderError> {
-    let dir = folder_dir(root, driver_version, folding)?;
-    let version = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.rsplit_once('-'))
-        .map_or_else(String::new, |(v, _)| v.to_string());
+    let FolderDir { path: dir, ids } = folder_dir(root, driver_version, folding)?;
     folders_root(root)?;
     if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
         return Ok(dir);
@@ -58,7 +53,7 @@ pub fn prepare(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let tmp = root.join(format!(".tmp-{}-{nanos}", std::process::id()));
-    let built = build(&tmp, folding).and_then(|()| match std::fs::rename(&tmp, &dir) {
+    let built = build(&tmp, folding, &ids).and_then(|()| match std::fs::rename(&tmp, &dir) {
         Ok(()) => Ok(()),
         // Another create made it first: theirs is complete (renamed into place whole).
         Err(_) if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) => Ok(()),
@@ -68,18 +63,24 @@ pub fn prepare(
         let _ = std::fs::remove_dir_all(&tmp);
     }
     built?;
-    prune(root, &version, &dir);
+    remove_stale_temporaries(root);
     Ok(dir)
 }
 
-fn build(tmp: &Path, folding: &Folding) -> Result<(), FolderError> {
-    let mkdir = |p: &Path| {
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(p)
-            .map_err(io(p))
-    };
+/// A directory, mode 0755 whatever the umask (container users must traverse it).
+fn mkdir(p: &Path) -> Result<(), FolderError> {
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(p)
+        .map_err(io(p))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).map_err(io(p))
+}
+
+/// Fill `tmp`; `ids` are the members' (device, inode) as [`folder_dir`] named them: a link that
+/// reaches another inode (the driver replaced in between) fails the build.
+fn build(tmp: &Path, folding: &Folding, ids: &[(u64, u64)]) -> Result<(), FolderError> {
     mkdir(tmp)?;
+    let mut ids = ids.iter();
     for f in &folding.folders {
         let d = tmp.join(f.name);
         mkdir(&d)?;
@@ -87,6 +88,13 @@ fn build(tmp: &Path, folding: &Folding) -> Result<(), FolderError> {
             let to = d.join(&m.name);
             // linkat(2) without AT_SYMLINK_FOLLOW: the file checked above, not a link's target.
             std::fs::hard_link(&m.host, &to).map_err(io(&to))?;
+            let md = std::fs::symlink_metadata(&to).map_err(io(&to))?;
+            if ids.next() != Some(&(md.dev(), md.ino())) || !md.file_type().is_file() {
+                return Err(FolderError::Unsafe {
+                    path: m.host.clone(),
+                    why: "replaced while its driver folder was being made",
+                });
+            }
             if let Some(s) = &m.soname {
                 let l = d.join(s);
                 std::os::unix::fs::symlink(&m.name, &l).map_err(io(&l))?;
@@ -104,32 +112,36 @@ fn build(tmp: &Path, folding: &Folding) -> Result<(), FolderError> {
     Ok(())
 }
 
-/// Remove prepared directories of other driver versions (a container still running on an old
-/// driver cannot use its GPU anyway) and temporaries left by a killed create over an hour ago.
-fn prune(root: &Path, version: &str, keep: &Path) {
+/// Remove temporaries (`.tmp-<pid>-<nanos>`) a killed create left over an hour ago. Prepared
+/// directories are never removed here: a running container's folder bind does not pin the
+/// files of its directory, so removing one would empty the folders of containers still using
+/// it; those of an old driver are the operator's to remove once its containers are gone.
+fn remove_stale_temporaries(root: &Path) {
     let Ok(rd) = std::fs::read_dir(root) else {
         return;
     };
-    let prefix = format!("{version}-");
     for e in rd.flatten() {
-        let p = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
-        let stale_tmp = name.starts_with(".tmp-")
-            && e.metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|a| a.as_secs() > 3600);
-        let other_version = !name.starts_with('.') && !name.starts_with(&prefix);
-        if p != keep && (stale_tmp || other_version) && e.file_type().is_ok_and(|t| t.is_dir()) {
-            match std::fs::remove_dir_all(&p) {
-                Ok(()) => {
-                    tracing::info!(folder = %p.display(), "driver folders of another driver version removed")
-                }
-                Err(e) => {
-                    tracing::warn!(folder = %p.display(), error = %e, "cannot remove old driver folders")
-                }
-            }
+        let ours = name.strip_prefix(".tmp-").is_some_and(|r| {
+            r.split_once('-').is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && !b.is_empty()
+                    && a.bytes().all(|c| c.is_ascii_digit())
+                    && b.bytes().all(|c| c.is_ascii_digit())
+            })
+        });
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a.as_secs() > 3600);
+        if ours
+            && old
+            && e.file_type().is_ok_and(|t| t.is_dir())
+            && let Err(err) = std::fs::remove_dir_all(e.path())
+        {
+            tracing::warn!(folder = %e.path().display(), error = %err, "cannot remove a stale driver folder temporary");
         }
     }
 }
@@ -207,14 +219,55 @@ mod tests {
         std::fs::write(dir.join("lib/marker"), b"").unwrap();
         assert_eq!(prepare(&root, "580.65.06", &f).unwrap(), dir);
         assert!(dir.join("lib/marker").exists());
-        // A changed file (another size): another directory; another driver version prunes.
+        // A changed file (another size): another directory; another driver version another
+        // one; nothing prepared is ever removed (running containers may use it), and entries
+        // that are not gpufence's are left alone.
+        std::fs::create_dir_all(root.join("cuda-12.4")).unwrap();
         std::fs::write(d.path().join("driver/cuda"), b"new driver build").unwrap();
         let dir2 = prepare(&root, "580.65.06", &f).unwrap();
         assert_ne!(dir2, dir);
-        assert!(dir.exists());
         let dir3 = prepare(&root, "590.1", &f).unwrap();
-        assert!(dir3.exists() && !dir.exists() && !dir2.exists());
-        assert_eq!(ls(&root).len(), 1);
+        assert!(dir.exists() && dir2.exists() && dir3.exists());
+        assert!(root.join("cuda-12.4").exists());
+        assert_eq!(ls(&root).len(), 4);
+        // A stale temporary of a killed create goes with the next build; a fresh one stays.
+        let stale = root.join(".tmp-1-2");
+        std::fs::create_dir(&stale).unwrap();
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        std::fs::File::open(&stale)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        std::fs::create_dir(root.join(".tmp-3-4")).unwrap();
+        std::fs::write(d.path().join("driver/ml"), b"another build").unwrap();
+        prepare(&root, "590.1", &f).unwrap();
+        assert!(!stale.exists() && root.join(".tmp-3-4").exists());
+    }
+
+    #[test]
+    fn a_file_replaced_after_it_was_named_fails_the_build() {
+        let d = tempfile::tempdir().unwrap();
+        let (inv, plan) = host_node(d.path());
+        let f = fold(&plan, &inv).unwrap();
+        let named = folder_dir(&d.path().join("folders"), "580", &f).unwrap();
+        // The driver's libcuda replaced (a new inode) between naming and linking.
+        let cuda = d.path().join("driver/cuda");
+        std::fs::rename(&cuda, d.path().join("driver/cuda.old")).unwrap();
+        std::fs::write(&cuda, b"upgraded").unwrap();
+        let tmp = d.path().join("tmp");
+        let e = build(&tmp, &f, &named.ids).unwrap_err();
+        assert!(e.to_string().contains("replaced while"), "{e}");
+        // The same ids as now: built, every directory 0755.
+        let now = folder_dir(&d.path().join("folders"), "580", &f).unwrap();
+        let tmp2 = d.path().join("tmp2");
+        build(&tmp2, &f, &now.ids).unwrap();
+        for sub in ["", "lib", "bin", "firmware"] {
+            let m = std::fs::metadata(tmp2.join(sub))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(m & 0o777, 0o755, "{sub}");
+        }
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Refresh {
     /// Libraries in a prepared driver folder (container path, host file), whose soname links
     /// the folder already holds (`runtime.driver-layout = "folders"`).
     pub folded: Vec<(String, PathBuf)>,
+    /// Symlinks to make in the rootfs: the folded binaries at their host paths.
+    pub binary_links: Vec<(String, String)>,
 }
 
 /// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
@@ -106,6 +108,7 @@ pub fn take_over(
         folders,
         mounts,
         folded: Vec::new(),
+        binary_links: Vec::new(),
     }))
 }
 
@@ -139,6 +142,22 @@ impl Refresh {
                     )
                 })?;
         crate::enter::ldcache::log_outcome(id, &self.rootfs, &self.folders, &outcome);
+        // A convenience, not enforcement: an image where they cannot be made (its /usr/bin not a
+        // directory) runs without them, with the binaries on PATH.
+        match crate::enter::ldcache::link_in_root(&self.rootfs, &self.binary_links) {
+            Ok(_) if self.binary_links.is_empty() => {}
+            Ok(linked) => {
+                tracing::info!(
+                    container = id,
+                    linked,
+                    of = self.binary_links.len(),
+                    "driver binaries linked at their host paths"
+                )
+            }
+            Err(e) => {
+                tracing::warn!(container = id, error = %e, "driver binaries not linked at their host paths (on PATH only)")
+            }
+        }
         tracing::info!(container = id, rootfs = %self.rootfs.display(), folders = ?self.folders, "ld cache refreshed before runc (no createContainer hook, no ldconfig)");
         Ok(())
     }

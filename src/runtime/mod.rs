@@ -174,7 +174,8 @@ fn prepare_create(
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
     let mut refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
     if let Some(r) = refresh.as_mut() {
-        r.folded = folded;
+        r.folded = folded.libraries;
+        r.binary_links = folded.binary_links;
     }
     let mut edited = spec.clone();
     apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
@@ -201,21 +202,30 @@ fn prepare_create(
     Ok(())
 }
 
+/// What the ld cache step needs from the folding: the folded libraries (container path, host
+/// file) and the binaries' links (path, target).
+#[derive(Default)]
+struct Folded {
+    libraries: Vec<(String, PathBuf)>,
+    binary_links: Vec<(String, String)>,
+}
+
 /// `runtime.driver-layout = "folders"`: the plan's driver file binds folded into folder binds
-/// ([`folders`]); returns the folded libraries for the ld cache. Where the folders cannot be
-/// prepared the plan keeps its file binds (same files, read-only), with one log line.
+/// ([`folders`]); returns the folded libraries for the ld cache and the binaries' links. Where
+/// the folders cannot be prepared the plan keeps its file binds (same files, read-only), with
+/// one log line.
 fn fold_driver_files(
     cfg: &Config,
     spec: &serde_json::Value,
     inventory: &crate::inventory::Inventory,
     plan: &mut Plan,
     id: &str,
-) -> Vec<(String, PathBuf)> {
+) -> Folded {
     if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
-        return Vec::new();
+        return Default::default();
     }
     let Some(folding) = crate::plan::folders::fold(plan, inventory) else {
-        return Vec::new();
+        return Default::default();
     };
     match folders::prepare(
         &cfg.runtime.driver_folders,
@@ -236,11 +246,14 @@ fn fold_driver_files(
                 folders = folding.folders.len(),
                 "driver files mounted as folders"
             );
-            folding.libraries()
+            Folded {
+                libraries: folding.libraries(),
+                binary_links: folding.binary_links(),
+            }
         }
         Err(e) => {
             tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
-            Vec::new()
+            Default::default()
         }
     }
 }
