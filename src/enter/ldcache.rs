@@ -401,6 +401,26 @@ fn entry_dir_id(
     id
 }
 
+/// `what` failed with an errno in `rootfs`, as a [`LdcacheError::Rootfs`].
+fn rootfs_error(rootfs: &Path, what: &str) -> impl FnOnce(Errno) -> LdcacheError + use<> {
+    let (rootfs, what) = (rootfs.to_path_buf(), what.to_string());
+    move |errno| LdcacheError::Rootfs {
+        rootfs,
+        what,
+        errno,
+    }
+}
+
+/// The rootfs as an `O_PATH` directory handle, the root of every `RESOLVE_IN_ROOT` lookup.
+fn open_rootfs(rootfs: &Path) -> Result<OwnedFd, LdcacheError> {
+    nix::fcntl::open(
+        rootfs,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(rootfs_error(rootfs, "open"))
+}
+
 /// Refresh the ld cache of `rootfs` for `folders` (see the module docs).
 pub fn update(
     rootfs: &Path,
@@ -411,20 +431,8 @@ pub fn update(
         .iter()
         .map(|f| validate_folder(f))
         .collect::<Result<_, _>>()?;
-    let rerr = |what: &str| {
-        let what = what.to_string();
-        move |errno| LdcacheError::Rootfs {
-            rootfs: rootfs.to_path_buf(),
-            what,
-            errno,
-        }
-    };
-    let root = nix::fcntl::open(
-        rootfs,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(rerr("open"))?;
+    let rerr = |what: &str| rootfs_error(rootfs, what);
+    let root = open_rootfs(rootfs)?;
     // Nothing at all is written into a musl image.
     let has_cache = exists_in_root(&root, "etc/ld.so.cache");
     if !has_cache
@@ -532,20 +540,8 @@ pub fn link_in_root(rootfs: &Path, links: &[(String, String)]) -> Result<usize, 
     if links.is_empty() {
         return Ok(0);
     }
-    let rerr = |what: &str| {
-        let what = what.to_string();
-        move |errno| LdcacheError::Rootfs {
-            rootfs: rootfs.to_path_buf(),
-            what,
-            errno,
-        }
-    };
-    let root = nix::fcntl::open(
-        rootfs,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(rerr("open"))?;
+    let rerr = |what: &str| rootfs_error(rootfs, what);
+    let root = open_rootfs(rootfs)?;
     let mut made = 0;
     for (path, target) in links {
         let p = Path::new(path);
