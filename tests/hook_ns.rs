@@ -224,6 +224,42 @@ fn attack_lib_dir_symlink_to_root_is_confined() {
     assert!(host_mounts_under(Path::new("/libcuda.so.580.65.06")).is_empty());
 }
 
+/// A driver file's target symlinked (inside the image) to `/etc/ld.so.preload` — the image
+/// trick that made runc bind libcuda over the preload in runtime mode — must not cover the
+/// preload in hook mode either, whatever order the mounts come in: hook mode replaces a
+/// symlink at a mount target instead of following it, and attaches in the plan's order
+/// (enforcement mounts last) as defence in depth.
+#[test]
+fn attack_driver_target_symlinked_onto_the_preload_does_not_cover_it() {
+    if common::skip_unless(&["unshare", "nsenter"]) {
+        return;
+    }
+    let n = node("hookns-cover");
+    let libdir = n.rootfs.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::os::unix::fs::symlink("/etc/ld.so.preload", libdir.join("libcuda.so.580.65.06")).unwrap();
+    let ns = Ns::new("private");
+    let host_etc = host_digest();
+    // The plan as gpufence orders it (driver files first, the preload last).
+    let mut plan = plan_for(&n, "/dev/nvidia0");
+    plan.edits
+        .mounts
+        .sort_by_key(|m| gpufence::plan::mount_order(&m.container_path));
+    assert_eq!(
+        plan.edits.mounts.last().unwrap().container_path,
+        "/etc/ld.so.preload"
+    );
+    // Applied with the preload listed first, too: hook mode orders the mounts itself.
+    plan.edits.mounts.reverse();
+    apply_plan(&ns, &n, &plan).unwrap();
+    let (_, out, _) = ns.sh(&format!("cat {}/etc/ld.so.preload", n.rootfs.display()));
+    assert_eq!(
+        out, "/usr/lib/gpufence/libgpufence.so\n",
+        "the shim is preloaded"
+    );
+    assert_eq!(host_etc, host_digest());
+}
+
 #[test]
 fn attack_preload_symlink_to_host_file_is_replaced_in_rootfs() {
     if common::skip_unless(&["unshare", "nsenter"]) {

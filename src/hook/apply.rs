@@ -159,15 +159,14 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
     Ok(out)
 }
 
-/// Validate and clone the plan's mount sources (host side). Mounts are ordered by container
-/// path depth so that `/run/gpufence` is attached before `/run/gpufence/quota`.
+/// Validate and clone the plan's mount sources (host side). Mounts are attached in the plan's
+/// order ([`crate::plan::mount_order`]): parent-first, so `/run/gpufence` before
+/// `/run/gpufence/quota`, and gpufence's enforcement mounts last, as runc makes them in runtime
+/// mode (defence in depth here: a symlink at a target is replaced, not followed, but its parent
+/// directories resolve inside the rootfs through the image's symlinks).
 pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut edits: Vec<&crate::cdi::MountEdit> = plan.edits.mounts.iter().collect();
-    edits.sort_by_key(|m| {
-        crate::enter::safepath::components(&m.container_path)
-            .map(|c| c.len())
-            .unwrap_or(0)
-    });
+    edits.sort_by_key(|m| crate::plan::mount_order(&m.container_path));
     let mut out = Vec::new();
     for m in edits {
         let comps = crate::enter::safepath::components(&m.container_path)?;

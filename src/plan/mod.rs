@@ -221,12 +221,7 @@ pub fn plan_with(
     // `/etc` or `/etc/ld.so.preload`, and runc follows it inside the rootfs; parent-first within
     // each group, so a directory mount never hides one below it (the quota under the state
     // tmpfs); stable, so equal depths keep their order.
-    edits.mounts.sort_by_key(|m| {
-        (
-            is_reserved_destination(&m.container_path),
-            mount_depth(&m.container_path),
-        )
-    });
+    edits.mounts.sort_by_key(|m| mount_order(&m.container_path));
 
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
@@ -323,6 +318,17 @@ pub fn is_reserved_destination(p: &str) -> bool {
         let r: Vec<&str> = r.split('/').filter(|c| !c.is_empty()).collect();
         norm.len() >= r.len() && norm[..r.len()] == r[..]
     })
+}
+
+/// The order mounts are made in, by container path: everything else, then what enforces the
+/// quota ([`is_reserved_destination`]) — so no other mount, redirected by an image symlink, can
+/// land on it —, parent-first (by depth) within each group. Used by the plan and by hook mode,
+/// which attaches the mounts itself.
+pub fn mount_order(container_path: &str) -> (bool, usize) {
+    (
+        is_reserved_destination(container_path),
+        mount_depth(container_path),
+    )
 }
 
 /// Number of path components of a container path (`/run/gpufence` = 2).
