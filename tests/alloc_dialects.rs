@@ -234,6 +234,7 @@ fn nvidia_env_and_mounts() {
         // volume-mount strategy: trusted without trust-env
         Case { name: "volume mounts, env untrusted", config, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"], mounts: &["/var/run/nvidia-container-devices/GPU-00000001-aaaa-bbbb-cccc-000000000001", "/var/run/nvidia-container-devices/0"], want: Devices(&[("1", None, None), ("0", None, None)], false) },
         Case { name: "volume mount unknown", config, annotations: &[], env: &[], mounts: &["/var/run/nvidia-container-devices/9"], want: Err("mounts[/var/run/nvidia-container-devices]", "no GPU with index 9") },
+        Case { name: "volume mount all (a pod's hostPath of /dev/null)", config, annotations: &[], env: &[], mounts: &["/var/run/nvidia-container-devices/all"], want: Err("mounts[/var/run/nvidia-container-devices]", "never a device plugin's device mount") },
         Case { name: "volume mounts vs env", config: nv, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=1"], mounts: &["/var/run/nvidia-container-devices/0"], want: Err("NVIDIA_VISIBLE_DEVICES", "disagrees with the device mounts") },
         Case { name: "volume mounts, nvidia disabled", config: || { let mut c = config(); c.allocation.dialects = vec![Dialect::Gpufence]; c }, annotations: &[], env: &[], mounts: &["/var/run/nvidia-container-devices/0"], want: Nothing },
         // untrusted env: never acted on
@@ -289,6 +290,19 @@ fn untrusted_env_is_neutralised() {
             .any(|n| n.contains("CUDA_DEVICE_MEMORY_LIMIT_0"))
     );
     assert!(p.notes.iter().any(|n| n.contains("ALIYUN_COM_GPU_MEM_IDX")));
+    assert_eq!(
+        p.env_overrides,
+        vec!["NVIDIA_VISIBLE_DEVICES=void".to_string()]
+    );
+
+    // A duplicated key asking for devices in any occurrence is neutralised (the toolkit's env
+    // map keeps the last one; the first said void).
+    let s = spec(
+        &[],
+        &["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all"],
+    );
+    let p = plan(&s, "c1", &inventory(), &config(), &[]).unwrap();
+    assert!(p.grants_nothing());
     assert_eq!(
         p.env_overrides,
         vec!["NVIDIA_VISIBLE_DEVICES=void".to_string()]

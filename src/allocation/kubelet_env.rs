@@ -177,11 +177,20 @@ pub fn view(
 /// GPU env in `config.json` that kubelet has no record of: `NVIDIA_VISIBLE_DEVICES` becomes
 /// `void` unless the plan replaces it with the allocated devices; the rest is left, not acted on.
 pub fn neutralise_unrecorded(v: &View, replaced_by_plan: bool, intake: &mut Intake) {
+    // Every occurrence of a duplicated key counts (the toolkit's env map keeps the last): the
+    // one reported is the first that asks for devices, else the first.
+    let asks =
+        |k: &str, val: &str| k != NVIDIA_VISIBLE_DEVICES || !dialects::nvd_requests_nothing(val);
     let mut done: Vec<&str> = Vec::new();
     for (k, val) in &v.unrecorded {
         if done.contains(&k.as_str()) {
             continue;
         }
+        let val = v
+            .unrecorded
+            .iter()
+            .find(|(k2, v2)| k2 == k && asks(k2, v2))
+            .map_or(val, |(_, v2)| v2);
         done.push(k);
         let why =
             "kubelet has no record of a device plugin setting it for this container".to_string();

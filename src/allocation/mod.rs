@@ -481,7 +481,19 @@ fn neutralise(
             format!("{d} env is not trusted (allocation.trust-env)")
         }
     };
-    if !nvd_consumed && let Some(v) = inputs.env_first(dialects::NVIDIA_VISIBLE_DEVICES) {
+    // Every occurrence counts: tools differ on which of duplicated keys wins (the toolkit's env
+    // map keeps the last), so one asking for devices anywhere is neutralised.
+    let nvd: Vec<&str> = inputs
+        .env
+        .iter()
+        .filter(|(k, _)| k == dialects::NVIDIA_VISIBLE_DEVICES)
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let asking = nvd
+        .iter()
+        .copied()
+        .find(|v| !(v.trim().is_empty() || v.trim() == "void"));
+    if !nvd_consumed && let Some(v) = asking.or(nvd.first().copied()) {
         let t = v.trim();
         if replaced_by_plan {
             // The plan sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs anyway.

@@ -155,19 +155,31 @@ fn wants_cdi(spec: &serde_json::Value) -> bool {
         })
 }
 
-/// The CRI annotation marking a pod sandbox (pause) container, if this is one.
+/// Each engine's container-type annotation: (key, the value for a pod sandbox, engine).
+const SANDBOX_KEYS: [(&str, &str, &str); 3] = [
+    ("io.kubernetes.cri.container-type", "sandbox", "containerd"),
+    ("io.kubernetes.cri-o.ContainerType", "sandbox", "cri-o"),
+    ("io.kubernetes.docker.type", "podsandbox", "dockershim"),
+];
+
+/// The CRI annotation marking a pod sandbox (pause) container, if this is one. Every engine's
+/// key present must say sandbox: a pod can carry another engine's key as a pod annotation (CRI-O
+/// passes pod annotations into the spec, where containerd's key is never set by the engine), so
+/// one key saying "sandbox" while the creating engine's says "container" (or anything else) is a
+/// container, and gets its plan.
 pub fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
     let ann = spec.get("annotations")?;
-    let is = |k: &str, v: &str| ann.get(k).and_then(|x| x.as_str()) == Some(v);
-    if is("io.kubernetes.cri.container-type", "sandbox") {
-        Some("containerd")
-    } else if is("io.kubernetes.cri-o.ContainerType", "sandbox") {
-        Some("cri-o")
-    } else if is("io.kubernetes.docker.type", "podsandbox") {
-        Some("dockershim")
-    } else {
-        None
+    let mut kind = None;
+    for (key, sandbox, engine) in SANDBOX_KEYS {
+        match ann.get(key) {
+            None => {}
+            Some(v) if v.as_str() == Some(sandbox) => {
+                kind = kind.or(Some(engine));
+            }
+            Some(_) => return None,
+        }
     }
+    kind
 }
 
 #[cfg(test)]
@@ -194,6 +206,25 @@ mod tests {
         .unwrap();
         assert_eq!(i.sandbox, Some("containerd"));
         assert!(i.plan.grants_nothing());
+    }
+
+    #[test]
+    fn another_engines_sandbox_key_does_not_make_a_container_a_sandbox() {
+        // CRI-O passes pod annotations: a tenant can add containerd's key.
+        let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox",
+                                          "io.kubernetes.cri-o.ContainerType": "container"}});
+        assert_eq!(sandbox_kind(&spec), None);
+        let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "container",
+                                          "io.kubernetes.cri-o.ContainerType": "sandbox"}});
+        assert_eq!(sandbox_kind(&spec), None);
+        let spec = json!({"annotations": {"io.kubernetes.cri-o.ContainerType": "sandbox",
+                                          "io.kubernetes.docker.type": "sandbox"}});
+        assert_eq!(sandbox_kind(&spec), None);
+        let spec = json!({"annotations": {"io.kubernetes.cri-o.ContainerType": "sandbox"}});
+        assert_eq!(sandbox_kind(&spec), Some("cri-o"));
+        let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox",
+                                          "io.kubernetes.cri-o.ContainerType": "sandbox"}});
+        assert_eq!(sandbox_kind(&spec), Some("containerd"));
     }
 
     #[test]

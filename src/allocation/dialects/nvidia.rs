@@ -60,6 +60,15 @@ pub fn nvidia(
                 "nested path under the device directory",
             ));
         }
+        // The device plugin names the devices it allocated; `all` there can only come from a
+        // pod's own hostPath volume of /dev/null.
+        if ids.iter().any(|i| i.trim().eq_ignore_ascii_case("all")) {
+            return Err(AllocationError::new(
+                &key,
+                &value,
+                "`all` is never a device plugin's device mount (a pod's own volume?)",
+            ));
+        }
         let devs = resolve_list(&key, &value, &ids, inv)?;
         part.devices = Some(Facet::new(devs, &key, &value));
     }
