@@ -211,6 +211,16 @@ fn gpushare_annotations() {
     assert_eq!(devices(&p), vec![(1, Some(2 * GIB), None)]);
     let p = run(&container("sidecar", &ann, &[]), Some(&cp), &config()).unwrap();
     assert!(p.grants_nothing());
+    // kubelet is there but its record cannot be read (a corrupt checkpoint): the pod's
+    // annotation cannot be attributed to a container — refused, not given to every container.
+    let e = run(
+        &container("sidecar", &ann, &[]),
+        Some("{not a checkpoint"),
+        &config(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("needs kubelet's record"), "{e}");
     // The annotation and the recorded env disagree on the GPU.
     let bad = [
         ("ALIYUN_COM_GPU_MEM_IDX", "0"),

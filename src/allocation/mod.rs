@@ -228,6 +228,7 @@ pub fn read_with(
     };
     let (mut parts, mut origins) =
         read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
+    gpushare_needs_kubelet(&view, &parts)?;
     let devices = agree::devices(&parts)?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
@@ -287,6 +288,38 @@ pub fn read_with(
         cores_burst,
     });
     Ok(intake)
+}
+
+/// gpushare's annotations describe the pod; which container they are for needs kubelet's
+/// record. With kubelet expected (`allocation.trust-env = "kubelet"`) but its record unusable,
+/// giving the pod's whole share to whichever container is being created (a sidecar too) is a
+/// guess: the container is refused. (Without kubelet at all — trust-env false or true, or no
+/// kubelet for this container — the annotation applies as a pod annotation does.)
+fn gpushare_needs_kubelet(
+    view: &kubelet_env::View,
+    parts: &[dialects::Part],
+) -> Result<(), AllocationError> {
+    let unavailable = view.report.as_ref().filter(|r| r.status == "unavailable");
+    let Some(r) = unavailable else {
+        return Ok(());
+    };
+    let Some(devices) = parts
+        .iter()
+        .filter(|p| p.dialect == Dialect::Gpushare)
+        .find_map(|p| p.devices.as_ref())
+    else {
+        return Ok(());
+    };
+    Err(AllocationError::new(
+        &devices.key,
+        &devices.value,
+        format!(
+            "describes the pod, and which container it is for needs kubelet's record of this \
+             container; kubelet checkpoint {} cannot be used: {}",
+            r.checkpoint.as_deref().unwrap_or("-"),
+            r.why.as_deref().unwrap_or("-")
+        ),
+    ))
 }
 
 /// What every enabled (and, for env-borne dialects, trusted) dialect says, each with where it
