@@ -260,6 +260,47 @@ fn attack_driver_target_symlinked_onto_the_preload_does_not_cover_it() {
     assert_eq!(host_etc, host_digest());
 }
 
+/// A directory mount (a foreign CDI device's, here) whose target is redirected by an image
+/// symlink in a PARENT component (`/opt/vendor/conf -> /`, mount at `/opt/vendor/conf/etc`)
+/// lands on `/etc`: attached after the preload it hid `/etc/ld.so.preload` (no shim, no quota).
+/// In the plan's order (enforcement mounts last) the preload goes on top of it — here `/etc` is
+/// then a read-only mount, so the hook fails closed instead.
+#[test]
+fn attack_parent_symlink_redirecting_a_directory_mount_onto_etc() {
+    if common::skip_unless(&["unshare", "nsenter"]) {
+        return;
+    }
+    let n = node("hookns-etc");
+    let vendor = n.dir.join("vendor-etc");
+    std::fs::create_dir_all(&vendor).unwrap();
+    std::fs::write(vendor.join("vendor.conf"), "VENDOR").unwrap();
+    std::fs::create_dir_all(n.rootfs.join("opt/vendor")).unwrap();
+    std::os::unix::fs::symlink("/", n.rootfs.join("opt/vendor/conf")).unwrap();
+    let ns = Ns::new("private");
+    let host_etc = host_digest();
+    let mut plan = plan_for(&n, "/dev/nvidia0");
+    plan.edits.mounts.push(MountEdit {
+        host_path: vendor.display().to_string(),
+        container_path: "/opt/vendor/conf/etc".into(),
+        kind: None,
+        options: ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+    });
+    match apply_plan(&ns, &n, &plan) {
+        Err(e) => assert!(
+            e.contains("ld.so.preload"),
+            "fails closed on the preload: {e}"
+        ),
+        Ok(()) => {
+            let (_, out, err) = ns.sh(&format!("cat {}/etc/ld.so.preload", n.rootfs.display()));
+            assert_eq!(
+                out, "/usr/lib/gpufence/libgpufence.so\n",
+                "preload hidden: {err}"
+            );
+        }
+    }
+    assert_eq!(host_etc, host_digest());
+}
+
 #[test]
 fn attack_preload_symlink_to_host_file_is_replaced_in_rootfs() {
     if common::skip_unless(&["unshare", "nsenter"]) {
