@@ -45,6 +45,9 @@ use crate::ldso::cache::{self, Cache, Entry};
 pub const CONF_FILE: &str = "etc/ld.so.conf.d/00-gpufence.conf";
 /// The largest image cache read (a full distribution's is well under 1 MiB).
 pub const MAX_CACHE_BYTES: u64 = 32 << 20;
+/// The largest `config.json` read by the createContainer hook (runc's own limit is far above any
+/// real spec; this bounds what an odd bundle can make the hook allocate).
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// The most directory entries looked at in one folder.
 pub const MAX_FOLDER_ENTRIES: usize = 100_000;
 /// glibc's dynamic loaders (x86-64, i386, x32, AArch64, ppc64le, arm hard-float).
@@ -592,11 +595,30 @@ pub fn known_libraries(mounts: &[(String, PathBuf)]) -> Vec<Library> {
 fn rootfs_from_state(state: &[u8]) -> Result<(String, PathBuf), LdcacheError> {
     let st: State =
         serde_json::from_slice(state).map_err(|e| LdcacheError::State(e.to_string()))?;
+    // The bundle as the other hooks accept it: absolute, plain components.
+    if !st.bundle.is_absolute()
+        || st
+            .bundle
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err(LdcacheError::State(format!(
+            "bundle {:?}: must be an absolute path without `.`/`..` components",
+            st.bundle
+        )));
+    }
     let cfg_path = st.bundle.join("config.json");
-    let text = std::fs::read(&cfg_path).map_err(|e| LdcacheError::Bundle {
+    let berr = |message: String| LdcacheError::Bundle {
         path: cfg_path.clone(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let mut text = Vec::new();
+    std::fs::File::open(&cfg_path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut text))
+        .map_err(|e| berr(e.to_string()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(berr(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+    }
     let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| LdcacheError::Bundle {
         path: cfg_path.clone(),
         message: e.to_string(),
@@ -654,6 +676,28 @@ pub fn run(config: Option<&Path>, state: &[u8], folders: &[String]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hook_state_bundle_is_validated_and_config_bounded() {
+        for b in ["rel/bundle", "/a/../b"] {
+            let s = format!(r#"{{"id":"c","bundle":"{b}"}}"#);
+            let e = rootfs_from_state(s.as_bytes()).unwrap_err();
+            assert!(e.to_string().contains("absolute path"), "{b}: {e}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("config.json"),
+            r#"{"root":{"path":"rootfs"}}"#,
+        )
+        .unwrap();
+        let s = format!(r#"{{"id":"c","bundle":"{}"}}"#, d.path().display());
+        let (id, root) = rootfs_from_state(s.as_bytes()).unwrap();
+        assert_eq!((id.as_str(), root), ("c", d.path().join("rootfs")));
+        let f = std::fs::File::create(d.path().join("config.json")).unwrap();
+        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = rootfs_from_state(s.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
 
     #[test]
     fn folders_are_validated() {
