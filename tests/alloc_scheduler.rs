@@ -174,6 +174,15 @@ fn hami_multi_container_pod_needs_kubelet_to_pick_the_group() {
     // A record that matches no group.
     let other = hami_record(&[("main", 2, 3000, 0)]);
     assert!(run(&container("main", &ann, &[]), Some(&other), &config()).is_err());
+    // A single-group annotation is the pod's GPU container's: a container kubelet recorded no
+    // GPU for (a sidecar) gets nothing from it.
+    let single = hami_value(&[&[(1, 3000, 0)]]);
+    let one = [("hami.io/vgpu-devices-allocated", single.as_str())];
+    let cp1 = hami_record(&[("main", 1, 3000, 0)]);
+    let p = run(&container("sidecar", &one, &[]), Some(&cp1), &config()).unwrap();
+    assert!(p.grants_nothing());
+    let p = run(&container("main", &one, &[]), Some(&cp1), &config()).unwrap();
+    assert_eq!(devices(&p), vec![(1, Some(3000 * MIB), None)]);
 }
 
 #[test]

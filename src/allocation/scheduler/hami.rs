@@ -84,14 +84,23 @@ fn device(d: &str) -> Result<Device, String> {
     })
 }
 
-/// The group of this container: the only one, or the one matching kubelet's record.
+/// The group of this container: the one matching kubelet's record when there is one (a
+/// container kubelet recorded no GPU for gets none, even from a single-group annotation — it
+/// is the pod's other container's), else the only one.
 fn select<'a>(
     groups: &'a [Vec<Device>],
     identity: Option<&PodIdentity>,
     record: Option<&ContainerRecord>,
 ) -> Result<Option<&'a Vec<Device>>, String> {
     if groups.len() == 1 {
-        return Ok(groups.first());
+        return match record {
+            None => Ok(groups.first()),
+            // The record's values are compared with the annotation's later (agree.rs).
+            Some(r) => Ok(r
+                .env()?
+                .contains_key(super::super::dialects::NVIDIA_VISIBLE_DEVICES)
+                .then(|| &groups[0])),
+        };
     }
     let name = identity.map_or("this container", |i| i.container_name.as_str());
     let Some(record) = record else {
