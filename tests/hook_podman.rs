@@ -900,3 +900,51 @@ fn blocking_image_does_not_hang_podman() {
         .file_type();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&ft));
 }
+
+/// `quota.backend = "driver"` in hook mode: the hook sets the driver's memory limit through
+/// NVML — in a forked child under the worker deadline, so the hook stays single-threaded for
+/// its namespace worker (NVML may start threads) — and the container runs.
+#[test]
+fn driver_backend_limits_are_set_by_the_hook() {
+    let Some(e) = setup_with(
+        "hook-podman-drv",
+        None,
+        "[quota]\nbackend = \"driver\"\n",
+        "prestart",
+    ) else {
+        return;
+    };
+    // The simulated driver with NVML memory limits, and the inventory re-taken.
+    let node = e.dir.join("node");
+    let limits = node.join("driver-state/memlimits");
+    std::fs::create_dir_all(&limits).unwrap();
+    for f in [
+        node.join("node.json"),
+        node.join("driver/usr/lib/x86_64-linux-gnu/gpufence-mock-node.json"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+        v["memory_limits_dir"] = limits.display().to_string().into();
+        std::fs::write(&f, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    }
+    let _ = std::fs::remove_file(node.join("state/inventory.json"));
+    let (code, _, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&e.config)
+            .arg("inventory"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = e.podman(
+        &[
+            "--annotation",
+            "gpufence.dev/devices=0",
+            "--annotation",
+            "gpufence.dev/memory=100Mi",
+        ],
+        "echo RAN",
+    );
+    let log = e.log();
+    assert_eq!(code, 0, "{out}{err}\n{log}");
+    assert!(out.contains("RAN"), "{out}");
+    assert!(log.contains("driver memory limit set"), "{log}");
+}

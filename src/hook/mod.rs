@@ -284,16 +284,7 @@ fn enforce_plan(
         let (spec, _) = state::read_config(&st.bundle)?;
         let ns = crate::backend::apply::container_namespace(pid, &spec, id)
             .map_err(|e| HookError::Plan(e.to_string()))?;
-        let mut lib = crate::backend::nvml::Nvml::open(&cfg.nvml_library)
-            .map_err(|e| HookError::Plan(e.to_string()))?;
-        crate::backend::apply::apply(
-            cfg,
-            id,
-            &ns.display().to_string(),
-            &plan.driver_limits,
-            &mut lib,
-        )
-        .map_err(|e| HookError::Plan(e.to_string()))?;
+        driver_limits_in_child(cfg, id, &ns.display().to_string(), &plan.driver_limits)?;
     }
     crate::enter::caps::restrict(crate::enter::caps::IN_NAMESPACE)?;
     let prepared = apply::Prepared {
@@ -311,6 +302,44 @@ fn enforce_plan(
     )?;
     info!(container = id, "hook enforcement complete");
     Ok(())
+}
+
+/// Set the driver's memory limits through NVML in a forked child under the worker deadline:
+/// NVML may start threads (and a driver may hang), and the hook forks its namespace worker
+/// afterwards, which needs a single-threaded process.
+fn driver_limits_in_child(
+    cfg: &crate::config::Config,
+    id: &str,
+    namespace: &str,
+    limits: &[crate::backend::DriverLimit],
+) -> Result<(), HookError> {
+    let f = crate::child::fork_with_deadline("driver limits", cfg.timeouts.worker(), |out| {
+        let r = crate::backend::nvml::Nvml::open(&cfg.nvml_library)
+            .map_err(|e| e.to_string())
+            .and_then(|mut lib| {
+                crate::backend::apply::apply(cfg, id, namespace, limits, &mut lib)
+                    .map_err(|e| e.to_string())
+            });
+        match r {
+            Ok(_) => 0,
+            Err(e) => {
+                let _ = std::io::Write::write_all(out, e.as_bytes());
+                1
+            }
+        }
+    })
+    .map_err(|e| HookError::Plan(e.to_string()))?;
+    let msg = String::from_utf8_lossy(&f.out).trim().to_string();
+    if f.success() && msg.is_empty() {
+        Ok(())
+    } else if !msg.is_empty() {
+        Err(HookError::Plan(msg))
+    } else {
+        Err(HookError::Plan(format!(
+            "driver limits: worker ended with {}",
+            f.describe()
+        )))
+    }
 }
 
 /// Host uid/gid of the container's root when the container has its own user namespace.
