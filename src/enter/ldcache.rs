@@ -36,7 +36,6 @@ use std::path::{Component, Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{Mode, SFlag};
-use serde::Deserialize;
 
 use crate::exit::Exit;
 use crate::ldso::cache::{self, Cache, Entry};
@@ -45,9 +44,6 @@ use crate::ldso::cache::{self, Cache, Entry};
 pub const CONF_FILE: &str = "etc/ld.so.conf.d/00-gpufence.conf";
 /// The largest image cache read (a full distribution's is well under 1 MiB).
 pub const MAX_CACHE_BYTES: u64 = 32 << 20;
-/// The largest `config.json` read by the createContainer hook (runc's own limit is far above any
-/// real spec; this bounds what an odd bundle can make the hook allocate).
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// The most directory entries looked at in one folder.
 pub const MAX_FOLDER_ENTRIES: usize = 100_000;
 /// glibc's dynamic loaders (x86-64, i386, x32, AArch64, ppc64le, arm hard-float).
@@ -70,10 +66,6 @@ const MUSL_LOADERS: [&str; 5] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum LdcacheError {
-    #[error("OCI state on stdin: {0}")]
-    State(String),
-    #[error("{path}: {message}")]
-    Bundle { path: PathBuf, message: String },
     #[error("--folder {0:?}: must be an absolute path without `.`/`..` components")]
     BadFolder(String),
     #[error("--folder {folder}: {errno} (resolved inside rootfs {rootfs})")]
@@ -126,13 +118,6 @@ pub enum Outcome {
     Written { added: usize, image_cache: String },
     /// A musl image: nothing written.
     Musl,
-}
-
-#[derive(Deserialize)]
-struct State {
-    #[serde(default)]
-    id: String,
-    bundle: PathBuf,
 }
 
 /// Check a folder argument: absolute, normal components only; returns it relative to `/`.
@@ -591,48 +576,6 @@ pub fn known_libraries(mounts: &[(String, PathBuf)]) -> Vec<Library> {
         .collect()
 }
 
-/// The container's rootfs from the OCI state: `root.path` of `<bundle>/config.json`.
-fn rootfs_from_state(state: &[u8]) -> Result<(String, PathBuf), LdcacheError> {
-    let st: State =
-        serde_json::from_slice(state).map_err(|e| LdcacheError::State(e.to_string()))?;
-    // The bundle as the other hooks accept it: absolute, plain components.
-    if !st.bundle.is_absolute()
-        || st
-            .bundle
-            .components()
-            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
-    {
-        return Err(LdcacheError::State(format!(
-            "bundle {:?}: must be an absolute path without `.`/`..` components",
-            st.bundle
-        )));
-    }
-    let cfg_path = st.bundle.join("config.json");
-    let berr = |message: String| LdcacheError::Bundle {
-        path: cfg_path.clone(),
-        message,
-    };
-    let mut text = Vec::new();
-    std::fs::File::open(&cfg_path)
-        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut text))
-        .map_err(|e| berr(e.to_string()))?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(berr(format!("larger than {MAX_CONFIG_BYTES} bytes")));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| LdcacheError::Bundle {
-        path: cfg_path.clone(),
-        message: e.to_string(),
-    })?;
-    let root = v
-        .pointer("/root/path")
-        .and_then(|p| p.as_str())
-        .ok_or_else(|| LdcacheError::Bundle {
-            path: cfg_path.clone(),
-            message: "no root.path".to_string(),
-        })?;
-    Ok((st.id, st.bundle.join(root)))
-}
-
 /// One log line for a refresh.
 pub fn log_outcome(id: &str, rootfs: &Path, folders: &[String], o: &Outcome) {
     match o {
@@ -645,12 +588,11 @@ pub fn log_outcome(id: &str, rootfs: &Path, folders: &[String], o: &Outcome) {
     }
 }
 
-/// The createContainer hook: `state` is the OCI state runc wrote on the hook's stdin, read by
-/// the caller with the hook's size bound.
-pub fn run(config: Option<&Path>, state: &[u8], folders: &[String]) -> Result<(), Exit> {
+/// The createContainer hook for container `id` with rootfs `rootfs` (from the OCI state and the
+/// bundle's `config.json`, read and validated by the caller as every hook's are).
+pub fn run(config: Option<&Path>, id: &str, rootfs: &Path, folders: &[String]) -> Result<(), Exit> {
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
-    let (id, rootfs) = rootfs_from_state(state).map_err(Exit::invalid)?;
     if folders.is_empty() {
         tracing::info!(container = %id, "update-ldcache: no folders, nothing to do");
         return Ok(());
@@ -658,9 +600,9 @@ pub fn run(config: Option<&Path>, state: &[u8], folders: &[String]) -> Result<()
     // A createContainer hook runs with the runtime's full capabilities; the refresh needs only
     // these (no CAP_SYS_PTRACE: no `/proc/<pid>/root` of another process opens).
     super::caps::restrict(super::caps::LDCACHE).map_err(|e| Exit::env(e.to_string()))?;
-    match update(&rootfs, folders, &Libraries::Scan) {
+    match update(rootfs, folders, &Libraries::Scan) {
         Ok(outcome) => {
-            log_outcome(&id, &rootfs, folders, &outcome);
+            log_outcome(id, rootfs, folders, &outcome);
             Ok(())
         }
         Err(e) => {
@@ -676,28 +618,6 @@ pub fn run(config: Option<&Path>, state: &[u8], folders: &[String]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hook_state_bundle_is_validated_and_config_bounded() {
-        for b in ["rel/bundle", "/a/../b"] {
-            let s = format!(r#"{{"id":"c","bundle":"{b}"}}"#);
-            let e = rootfs_from_state(s.as_bytes()).unwrap_err();
-            assert!(e.to_string().contains("absolute path"), "{b}: {e}");
-        }
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(
-            d.path().join("config.json"),
-            r#"{"root":{"path":"rootfs"}}"#,
-        )
-        .unwrap();
-        let s = format!(r#"{{"id":"c","bundle":"{}"}}"#, d.path().display());
-        let (id, root) = rootfs_from_state(s.as_bytes()).unwrap();
-        assert_eq!((id.as_str(), root), ("c", d.path().join("rootfs")));
-        let f = std::fs::File::create(d.path().join("config.json")).unwrap();
-        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
-        let e = rootfs_from_state(s.as_bytes()).unwrap_err();
-        assert!(e.to_string().contains("larger than"), "{e}");
-    }
 
     #[test]
     fn folders_are_validated() {

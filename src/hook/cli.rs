@@ -51,9 +51,11 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
         Cmd::UpdateLdcache { folder } => {
-            let state = super::state::read_oci_state(&mut std::io::stdin().lock())
+            let raw = super::state::read_oci_state(&mut std::io::stdin().lock())
                 .map_err(Exit::invalid)?;
-            crate::enter::ldcache::run(config, &state, &folder)
+            let st = super::state::parse_ldcache_state(&raw).map_err(Exit::invalid)?;
+            let (_, rootfs) = super::state::read_config(&st.bundle).map_err(Exit::invalid)?;
+            crate::enter::ldcache::run(config, &st.id, &rootfs, &folder)
         }
         Cmd::MemoryLimits { limit } => {
             crate::backend::apply::hook_main(config, &limit, &mut std::io::stdin().lock())

@@ -81,25 +81,51 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-pub fn parse_state(bytes: &[u8]) -> Result<State, StateError> {
-    let what = "OCI state on stdin";
-    let s: State = serde_json::from_slice(bytes).map_err(|e| StateError::Json {
-        what: what.into(),
-        message: e.to_string(),
-    })?;
-    let inv = |field, value: String, why| StateError::Invalid {
-        what: what.into(),
+const STATE_WHAT: &str = "OCI state on stdin";
+
+fn invalid(field: &'static str, value: String, why: &'static str) -> StateError {
+    StateError::Invalid {
+        what: STATE_WHAT.into(),
         field,
         value: value.chars().take(128).collect(),
         why,
-    };
+    }
+}
+
+fn deserialize_state(bytes: &[u8]) -> Result<State, StateError> {
+    serde_json::from_slice(bytes).map_err(|e| StateError::Json {
+        what: STATE_WHAT.into(),
+        message: e.to_string(),
+    })
+}
+
+/// The state of the createContainer `update-ldcache` hook, which needs only the id and the
+/// bundle (a CDI consumer may run it without a pid): the bundle absolute, without `..`.
+pub fn parse_ldcache_state(bytes: &[u8]) -> Result<State, StateError> {
+    let s = deserialize_state(bytes)?;
+    if !s.bundle.is_absolute()
+        || s.bundle
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(invalid(
+            "bundle",
+            s.bundle.display().to_string(),
+            "must be an absolute path without `..` components",
+        ));
+    }
+    Ok(s)
+}
+
+pub fn parse_state(bytes: &[u8]) -> Result<State, StateError> {
+    let s = deserialize_state(bytes)?;
     if !valid_id(&s.id) {
-        return Err(inv("id", s.id.clone(), "not a valid container id"));
+        return Err(invalid("id", s.id.clone(), "not a valid container id"));
     }
     match s.pid {
         Some(p) if p > 1 && p <= i64::from(i32::MAX) => {}
         other => {
-            return Err(inv(
+            return Err(invalid(
                 "pid",
                 format!("{other:?}"),
                 "the hook needs the container's init pid",
@@ -107,14 +133,14 @@ pub fn parse_state(bytes: &[u8]) -> Result<State, StateError> {
         }
     }
     if !s.bundle.is_absolute() {
-        return Err(inv(
+        return Err(invalid(
             "bundle",
             s.bundle.display().to_string(),
             "must be an absolute path",
         ));
     }
     if !s.status.is_empty() && s.status != "creating" && s.status != "created" {
-        return Err(inv(
+        return Err(invalid(
             "status",
             s.status.clone(),
             "the hook runs while the container is being created",
@@ -189,6 +215,30 @@ mod tests {
         assert!(matches!(e, StateError::TooLarge { .. }));
         let small = b"{}".to_vec();
         assert_eq!(read_bounded(&mut small.as_slice(), 10, "x").unwrap(), b"{}");
+    }
+
+    #[test]
+    fn ldcache_state_bundle_is_validated_and_config_bounded() {
+        for b in ["rel/bundle", "/a/../b"] {
+            let s = format!(r#"{{"id":"c","bundle":"{b}"}}"#);
+            let e = parse_ldcache_state(s.as_bytes()).unwrap_err();
+            assert!(e.to_string().contains("absolute path"), "{b}: {e}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("config.json"),
+            r#"{"root":{"path":"rootfs"}}"#,
+        )
+        .unwrap();
+        // No pid needed (a CDI consumer's createContainer hook).
+        let s = format!(r#"{{"id":"c","bundle":"{}"}}"#, d.path().display());
+        let st = parse_ldcache_state(s.as_bytes()).unwrap();
+        let (_, root) = read_config(&st.bundle).unwrap();
+        assert_eq!((st.id.as_str(), root), ("c", d.path().join("rootfs")));
+        let f = std::fs::File::create(d.path().join("config.json")).unwrap();
+        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = read_config(&st.bundle).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
     }
 
     #[test]
