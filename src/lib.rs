@@ -19,6 +19,7 @@ pub mod child;
 pub mod config;
 pub mod enter;
 pub mod exit;
+pub mod fnv;
 pub mod hook;
 pub mod hostfiles;
 pub mod install;

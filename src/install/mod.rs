@@ -162,9 +162,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
 
 /// `<len>:<fnv64>` of `data`: enough to tell whether a file is still the one install wrote.
 pub fn digest(data: &[u8]) -> String {
-    let h = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let h = crate::fnv::fnv1a64(data);
     format!("{}:{h:016x}", data.len())
 }
 

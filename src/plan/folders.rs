@@ -197,14 +197,6 @@ pub fn fold(plan: &Plan, inventory: &Inventory) -> Option<Folding> {
     (out.folded.len() >= out.folders.len() + 2).then_some(out)
 }
 
-/// FNV-1a, 64 bits: a stable name for a set of file identities (not a security boundary: the
-/// folder's directory is root's alone).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// A file name part from the driver version (anything but `[0-9A-Za-z._-]` becomes `_`).
 fn version_part(v: &str) -> String {
     let s: String = v
@@ -278,7 +270,7 @@ pub fn folder_dir(
     }
     let version = version_part(driver_version);
     Ok(FolderDir {
-        path: root.join(format!("{version}-{:016x}", fnv1a(&id))),
+        path: root.join(format!("{version}-{:016x}", crate::fnv::fnv1a64(&id))),
         ids,
     })
 }
@@ -676,6 +668,5 @@ pub(crate) mod tests {
         assert_eq!(version_part("580.65.06"), "580.65.06");
         assert_eq!(version_part("../x/y"), "v.._x_y");
         assert_eq!(version_part(""), "v");
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
     }
 }

@@ -66,12 +66,6 @@ pub enum UnconfigureError {
     Record { path: PathBuf, message: String },
 }
 
-fn fnv64(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// Where the record of (`engine`, `handler`, host `config`) lives inside `record_dir`.
 pub fn record_path(record_dir: &Path, engine: Engine, config: &Path, handler: &str) -> PathBuf {
     let engine = match engine {
@@ -79,7 +73,7 @@ pub fn record_path(record_dir: &Path, engine: Engine, config: &Path, handler: &s
         Engine::Crio => "crio",
         Engine::Docker => "docker",
     };
-    let key = fnv64(&config.display().to_string());
+    let key = crate::fnv::fnv1a64(config.display().to_string().as_bytes());
     record_dir.join(format!("{engine}-{handler}-{key:016x}.json"))
 }
 
