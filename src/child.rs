@@ -69,6 +69,17 @@ impl Finished {
     pub fn success(&self) -> bool {
         matches!(self.status, WaitStatus::Exited(_, 0))
     }
+    /// A forked worker's verdict ([`fork_with_deadline`]): `Ok` when it exited 0 and wrote
+    /// nothing; else its exit code with the line it wrote, or 2 with how it ended when it wrote
+    /// none (killed, or exited without saying why).
+    pub fn verdict(&self, what: &str) -> Result<(), (i32, String)> {
+        let msg = String::from_utf8_lossy(&self.out).into_owned();
+        match self.status {
+            WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
+            WaitStatus::Exited(_, code) if !msg.is_empty() => Err((code, msg)),
+            _ => Err((2, format!("{what} ended with {}", self.describe()))),
+        }
+    }
     /// "exit status 3" / "killed by SIGSEGV", for messages.
     pub fn describe(&self) -> String {
         match self.status {

@@ -257,20 +257,12 @@ pub fn apply_in_namespace(
         code: 2,
         message: e.to_string(),
     })?;
-    let msg = String::from_utf8_lossy(&worker.out).into_owned();
-    match worker.status {
-        nix::sys::wait::WaitStatus::Exited(_, 0) if msg.is_empty() => Ok(()),
-        nix::sys::wait::WaitStatus::Exited(_, code) if !msg.is_empty() => {
-            Err(HookError::Namespace {
-                code: if code == 1 { 1 } else { 2 },
-                message: msg,
-            })
-        }
-        _ => Err(HookError::Namespace {
-            code: 2,
-            message: format!("namespace worker ended with {}", worker.describe()),
-        }),
-    }
+    worker
+        .verdict("namespace worker")
+        .map_err(|(code, message)| HookError::Namespace {
+            code: if code == 1 { 1 } else { 2 },
+            message,
+        })
 }
 
 fn enter(sys: &dyn NsSys, ns: Namespace) -> Result<(), HookError> {

@@ -329,17 +329,8 @@ fn driver_limits_in_child(
         }
     })
     .map_err(|e| HookError::Plan(e.to_string()))?;
-    let msg = String::from_utf8_lossy(&f.out).trim().to_string();
-    if f.success() && msg.is_empty() {
-        Ok(())
-    } else if !msg.is_empty() {
-        Err(HookError::Plan(msg))
-    } else {
-        Err(HookError::Plan(format!(
-            "driver limits: worker ended with {}",
-            f.describe()
-        )))
-    }
+    f.verdict("driver limits worker")
+        .map_err(|(_, message)| HookError::Plan(message))
 }
 
 /// Host uid/gid of the container's root when the container has its own user namespace.
