@@ -33,11 +33,10 @@ pub struct Refresh {
     pub folders: Vec<String>,
     /// The plan's mounts into the folders (the driver libraries): container path, host path.
     pub mounts: Vec<crate::cdi::MountEdit>,
-    /// Libraries in a prepared driver folder (container path, host file), whose soname links
-    /// the folder already holds (`runtime.driver-layout = "folders"`).
-    pub folded: Vec<(String, PathBuf)>,
-    /// Symlinks to make in the rootfs: the folded binaries at their host paths.
-    pub binary_links: Vec<(String, String)>,
+    /// The driver folders the plan now mounts (`runtime.driver-layout = "folders"`): their
+    /// libraries (whose soname links the folder already holds) enter the cache, their binaries
+    /// are linked at their host paths.
+    pub folding: Option<crate::plan::folders::Folding>,
 }
 
 /// The folders of gpufence's own ldcache hook, when `h` is exactly that hook
@@ -107,8 +106,7 @@ pub fn take_over(
         rootfs,
         folders,
         mounts,
-        folded: Vec::new(),
-        binary_links: Vec::new(),
+        folding: None,
     }))
 }
 
@@ -120,9 +118,14 @@ impl Refresh {
             .iter()
             .map(|m| (m.container_path.clone(), PathBuf::from(&m.host_path)))
             .collect();
+        let (folded, binary_links) = self
+            .folding
+            .as_ref()
+            .map(|f| (f.libraries(), f.binary_links()))
+            .unwrap_or_default();
         let mut libs = crate::enter::ldcache::known_libraries(&mounts);
         libs.extend(
-            crate::enter::ldcache::known_libraries(&self.folded)
+            crate::enter::ldcache::known_libraries(&folded)
                 .into_iter()
                 .map(|l| crate::enter::ldcache::Library { linked: true, ..l }),
         );
@@ -144,13 +147,13 @@ impl Refresh {
         crate::enter::ldcache::log_outcome(id, &self.rootfs, &self.folders, &outcome);
         // A convenience, not enforcement: an image where they cannot be made (its /usr/bin not a
         // directory) runs without them, with the binaries on PATH.
-        match crate::enter::ldcache::link_in_root(&self.rootfs, &self.binary_links) {
-            Ok(_) if self.binary_links.is_empty() => {}
+        match crate::enter::ldcache::link_in_root(&self.rootfs, &binary_links) {
+            Ok(_) if binary_links.is_empty() => {}
             Ok(linked) => {
                 tracing::info!(
                     container = id,
                     linked,
-                    of = self.binary_links.len(),
+                    of = binary_links.len(),
                     "driver binaries linked at their host paths"
                 )
             }

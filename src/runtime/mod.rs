@@ -174,8 +174,7 @@ fn prepare_create(
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
     let mut refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
     if let Some(r) = refresh.as_mut() {
-        r.folded = folded.libraries;
-        r.binary_links = folded.binary_links;
+        r.folding = folded;
     }
     let mut edited = spec.clone();
     apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
@@ -202,31 +201,20 @@ fn prepare_create(
     Ok(())
 }
 
-/// What the ld cache step needs from the folding: the folded libraries (container path, host
-/// file) and the binaries' links (path, target).
-#[derive(Default)]
-struct Folded {
-    libraries: Vec<(String, PathBuf)>,
-    binary_links: Vec<(String, String)>,
-}
-
 /// `runtime.driver-layout = "folders"`: the plan's driver file binds folded into folder binds
-/// ([`folders`]); returns the folded libraries for the ld cache and the binaries' links. Where
-/// the folders cannot be prepared the plan keeps its file binds (same files, read-only), with
-/// one log line.
+/// ([`folders`]); returns the folding applied, for the ld cache step. Where the folders cannot
+/// be prepared the plan keeps its file binds (same files, read-only), with one log line.
 fn fold_driver_files(
     cfg: &Config,
     spec: &serde_json::Value,
     inventory: &crate::inventory::Inventory,
     plan: &mut Plan,
     id: &str,
-) -> Folded {
+) -> Option<crate::plan::folders::Folding> {
     if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
-        return Default::default();
+        return None;
     }
-    let Some(folding) = crate::plan::folders::fold(plan, inventory) else {
-        return Default::default();
-    };
+    let folding = crate::plan::folders::fold(plan, inventory)?;
     match folders::prepare(
         &cfg.runtime.driver_folders,
         &inventory.driver_version,
@@ -246,14 +234,11 @@ fn fold_driver_files(
                 folders = folding.folders.len(),
                 "driver files mounted as folders"
             );
-            Folded {
-                libraries: folding.libraries(),
-                binary_links: folding.binary_links(),
-            }
+            Some(folding)
         }
         Err(e) => {
             tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
-            Default::default()
+            None
         }
     }
 }
