@@ -522,12 +522,9 @@ fn neutralise(
         .filter(|(k, _)| k == dialects::NVIDIA_VISIBLE_DEVICES)
         .map(|(_, v)| v.as_str())
         .collect();
-    let asking = nvd
-        .iter()
-        .copied()
-        .find(|v| !(v.trim().is_empty() || v.trim() == "void"));
+    let asks = |v: &str| !matches!(v.trim(), "" | "void");
+    let asking = nvd.iter().copied().find(|v| asks(v));
     if !nvd_consumed && let Some(v) = asking.or(nvd.first().copied()) {
-        let t = v.trim();
         if replaced_by_plan {
             // The plan sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs anyway.
             intake.notes.push(format!(
@@ -536,7 +533,7 @@ fn neutralise(
                 short(v),
                 why(Dialect::Nvidia)
             ));
-        } else if !(t.is_empty() || t == "void") {
+        } else if asks(v) {
             intake
                 .env_overrides
                 .push(format!("{}=void", dialects::NVIDIA_VISIBLE_DEVICES));
