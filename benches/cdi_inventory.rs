@@ -7,20 +7,15 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufence::cdigen::generate;
 use gpufence::config::Config;
 use gpufence::inventory;
 
-fn time<T>(n: u32, mut f: impl FnMut() -> T) -> Duration {
-    let _ = f(); // warm-up
-    let t = Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(f());
-    }
-    t.elapsed() / n
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::time;
 
 fn main() {
     if !nix::unistd::geteuid().is_root() {

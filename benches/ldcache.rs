@@ -4,18 +4,13 @@
 //! format. The baseline in the same run is reading the file's bytes; each stage is also given as
 //! a ratio to it. `cargo bench --bench ldcache` (no root needed).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufence::ldso::cache::{self, Entry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
 
-fn time<T>(n: u32, mut f: impl FnMut() -> T) -> Duration {
-    let _ = f(); // warm-up
-    let t = Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(f());
-    }
-    t.elapsed() / n
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::time;
 
 fn driver_entries() -> Vec<Entry> {
     [
