@@ -8,7 +8,7 @@ pub struct Exit {
     pub message: String,
     /// Why a container creation was refused, where the failing step knows better than the exit
     /// code (counted by reason for `gpufence exporter`).
-    pub reason: Option<crate::status::refusals::Reason>,
+    pub reason: Option<Reason>,
 }
 
 impl Exit {
@@ -22,7 +22,7 @@ impl Exit {
         }
     }
     /// The same failure, counted under `reason` when it refuses a container.
-    pub fn because(mut self, reason: crate::status::refusals::Reason) -> Self {
+    pub fn because(mut self, reason: Reason) -> Self {
         self.reason = Some(reason);
         self
     }
@@ -33,6 +33,41 @@ impl Exit {
     /// The driver or environment failed: exit 2.
     pub fn env(message: impl std::fmt::Display) -> Self {
         Exit::new(2, message)
+    }
+}
+
+/// Why a container was refused (the `reason` label; a fixed set, so the label stays bounded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The allocation is invalid (annotations, env, CDI names, quotas).
+    Allocation,
+    /// A GPU was asked for but the inventory is unavailable.
+    Inventory,
+    /// gpufence's own configuration does not load.
+    Config,
+    /// The bundle (config.json, container id) is unusable.
+    Spec,
+    /// The host failed gpufence (state directory, ld cache, mounts, cgroup, runtime).
+    Host,
+}
+
+pub const REASONS: [Reason; 5] = [
+    Reason::Allocation,
+    Reason::Inventory,
+    Reason::Config,
+    Reason::Spec,
+    Reason::Host,
+];
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Allocation => "allocation",
+            Reason::Inventory => "inventory",
+            Reason::Config => "config",
+            Reason::Spec => "spec",
+            Reason::Host => "host",
+        }
     }
 }
 

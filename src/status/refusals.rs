@@ -21,42 +21,10 @@ const MAGIC: u64 = 0x6766_7265_6675_7301; // "gfrefus" + version 1
 const SLOTS: usize = 16;
 const SIZE: usize = 8 * (1 + SLOTS);
 
-/// Why a container was refused (the `reason` label; a fixed set, so the label stays bounded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// The allocation is invalid (annotations, env, CDI names, quotas).
-    Allocation,
-    /// A GPU was asked for but the inventory is unavailable.
-    Inventory,
-    /// gpufence's own configuration does not load.
-    Config,
-    /// The bundle (config.json, container id) is unusable.
-    Spec,
-    /// The host failed gpufence (state directory, ld cache, mounts, cgroup, runtime).
-    Host,
-}
+pub use crate::exit::{REASONS, Reason};
 
-pub const REASONS: [Reason; 5] = [
-    Reason::Allocation,
-    Reason::Inventory,
-    Reason::Config,
-    Reason::Spec,
-    Reason::Host,
-];
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Allocation => "allocation",
-            Reason::Inventory => "inventory",
-            Reason::Config => "config",
-            Reason::Spec => "spec",
-            Reason::Host => "host",
-        }
-    }
-    fn slot(self) -> usize {
-        REASONS.iter().position(|r| *r == self).unwrap_or(0)
-    }
+fn slot(reason: Reason) -> usize {
+    REASONS.iter().position(|r| *r == reason).unwrap_or(0)
 }
 
 /// Count one refusal (best effort: a failure is logged, the refusal itself stands).
@@ -103,7 +71,7 @@ fn bump(state_dir: &Path, reason: Reason) -> std::io::Result<()> {
     let _ = words[0].compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
     let ok = words[0].load(Ordering::Acquire) == MAGIC;
     if ok {
-        words[1 + reason.slot()].fetch_add(1, Ordering::AcqRel);
+        words[1 + slot(reason)].fetch_add(1, Ordering::AcqRel);
     }
     // SAFETY: the mapping made above.
     unsafe { libc::munmap(p, SIZE) };
@@ -126,7 +94,7 @@ pub fn decode(b: &[u8]) -> Vec<(Reason, u64)> {
     let valid = b.len() == SIZE && word(0) == MAGIC;
     REASONS
         .iter()
-        .map(|r| (*r, if valid { word(1 + r.slot()) } else { 0 }))
+        .map(|r| (*r, if valid { word(1 + slot(*r)) } else { 0 }))
         .collect()
 }
 
