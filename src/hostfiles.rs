@@ -1,14 +1,13 @@
-//! The host files gpufence writes, in one place: the state directory (`state-dir`, 0711, and
-//! `state-dir/<id>` per container), the quota, the node-wide generated `ld.so.preload`, and the
-//! one atomic writer every other file goes through (`config.json`, CDI specs, the inventory
-//! cache): a temporary beside the target created `O_CREAT|O_EXCL|O_NOFOLLOW`, then `rename`, so a
-//! reader sees the old or the new file and a planted symlink is replaced, never followed.
+//! The host files a plan asks for, in one place: `state-dir/<id>` per container, the quota and
+//! the node-wide generated `ld.so.preload`, each written through [`crate::fsutil`]'s atomic writer
+//! and only inside `state-dir`. Applier support: the runtime and the hook render a plan's host
+//! files through it.
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::config::Config;
+use crate::fsutil::{Options, create_state_dir, write_atomic};
 use crate::plan::Plan;
 
 /// Why a host file could not be written. One line, naming the path.
@@ -37,29 +36,6 @@ impl HostFilesError {
             HostFilesError::Io { .. } => 2,
         }
     }
-}
-
-/// How [`write_atomic`] leaves the file.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// Permission bits.
-    pub mode: u32,
-    /// uid/gid to give it (`None`: the writer's).
-    pub owner: Option<(u32, u32)>,
-    /// `fsync` before the rename (files that must survive a crash: CDI specs, the cache).
-    pub sync: bool,
-}
-
-/// Create `state-dir` if missing, mode 0711: host users may not list it.
-pub fn create_state_dir(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if path.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(path)
 }
 
 /// True when `p` is `base/<one component>/…` with no `..` anywhere.
@@ -146,59 +122,6 @@ fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Write `path` atomically: a temporary beside it (`O_EXCL|O_NOFOLLOW`, so nothing planted there
-/// is followed), the mode and owner set on it, then `rename` over the target.
-pub fn write_atomic(path: &Path, bytes: &[u8], opts: Options) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.gpufence-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mode = opts.mode & 0o7777;
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        if let Some((uid, gid)) = opts.owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        // umask may have masked the mode.
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        if opts.sync {
-            f.sync_all()?;
-        }
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Replace an existing file (`config.json`) atomically, keeping its mode and owner.
-pub fn replace_keeping_mode(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let meta = std::fs::metadata(path)?;
-    write_atomic(
-        path,
-        bytes,
-        Options {
-            mode: meta.permissions().mode(),
-            owner: Some((meta.uid(), meta.gid())),
-            sync: false,
-        },
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,21 +134,6 @@ mod tests {
         assert!(!is_under(Path::new("/run/gpufence/c1/../c2/quota"), b));
         assert!(!is_under(Path::new("/etc/passwd"), b));
         assert!(!is_under(Path::new("run/gpufence/c1/x"), b));
-    }
-
-    #[test]
-    fn atomic_write_keeps_mode() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("config.json");
-        std::fs::write(&p, b"{}").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-        replace_keeping_mode(&p, b"{\"a\":1}").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
-            0o640
-        );
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod config;
 pub mod enter;
 pub mod exit;
 pub mod fnv;
+pub mod fsutil;
 pub mod hook;
 pub mod hostfiles;
 pub mod install;

@@ -137,7 +137,7 @@ fn write_record(cfg: &Config, id: &str, r: &Record) -> Result<(), BackendError> 
         let path = p.display().to_string();
         move |source| BackendError::Write { path, source }
     };
-    crate::config::create_state_dir(&cfg.state_dir).map_err(werr(&cfg.state_dir))?;
+    crate::fsutil::create_state_dir(&cfg.state_dir).map_err(werr(&cfg.state_dir))?;
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

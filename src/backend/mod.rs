@@ -17,7 +17,6 @@ use crate::inventory::Inventory;
 
 pub mod apply;
 pub mod cgroup;
-pub mod config;
 pub mod nvml;
 
 pub use cgroup::CgroupMode;

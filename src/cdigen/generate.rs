@@ -138,17 +138,15 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), GenerateError> {
             dir,
         });
     }
-    let opts = crate::hostfiles::Options {
+    let opts = crate::fsutil::Options {
         mode: 0o644,
         owner: None,
         sync: true,
     };
-    crate::hostfiles::write_atomic(path, contents, opts).map_err(|source| {
-        GenerateError::Write {
-            path: path.to_path_buf(),
-            dir: dir.clone(),
-            source,
-        }
+    crate::fsutil::write_atomic(path, contents, opts).map_err(|source| GenerateError::Write {
+        path: path.to_path_buf(),
+        dir: dir.clone(),
+        source,
     })?;
     Ok(())
 }

@@ -138,7 +138,7 @@ pub fn write(cfg: &Config, key: &CacheKey, inv: &Inventory) -> Result<(), Invent
         let path = path.to_path_buf();
         move |source| InventoryError::Io { path, source }
     };
-    crate::hostfiles::create_state_dir(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
+    crate::fsutil::create_state_dir(&cfg.state_dir).map_err(io(&cfg.state_dir))?;
     let body = serde_json::to_vec(&CacheFile {
         format: FORMAT,
         key: key.clone(),
@@ -146,12 +146,12 @@ pub fn write(cfg: &Config, key: &CacheKey, inv: &Inventory) -> Result<(), Invent
     })
     .expect("inventory serialises");
     let dst = path(cfg);
-    let opts = crate::hostfiles::Options {
+    let opts = crate::fsutil::Options {
         mode: 0o600,
         owner: None,
         sync: true,
     };
-    crate::hostfiles::write_atomic(&dst, &body, opts).map_err(io(&dst))?;
+    crate::fsutil::write_atomic(&dst, &body, opts).map_err(io(&dst))?;
     Ok(())
 }
 

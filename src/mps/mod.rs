@@ -29,8 +29,6 @@ use crate::cdi::MountEdit;
 use crate::config::Config;
 use crate::inventory::Inventory;
 
-pub mod config;
-
 /// The allocation's request for MPS sharing (`mps`).
 pub const ANN_SHARING: &str = "gpufence.dev/sharing";
 

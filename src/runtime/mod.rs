@@ -194,7 +194,7 @@ fn prepare_create(
     if edited != spec {
         let bytes = serde_json::to_vec(&edited)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
-        crate::hostfiles::replace_keeping_mode(&config_path, &bytes)
+        crate::fsutil::replace_keeping_mode(&config_path, &bytes)
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     mark("spec");

@@ -35,7 +35,7 @@ pub fn count(state_dir: &Path, reason: Reason) {
 }
 
 fn bump(state_dir: &Path, reason: Reason) -> std::io::Result<()> {
-    crate::config::create_state_dir(state_dir)?;
+    crate::fsutil::create_state_dir(state_dir)?;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -344,8 +344,12 @@ impl Default for GpushareConfig {
     }
 }
 
-pub use crate::backend::config::{QuotaBackend, QuotaConfig};
-pub use crate::mps::config::{MpsConfig, SharingConfig};
+pub mod quota;
+pub mod sharing;
+
+pub use quota::{QuotaBackend, QuotaConfig};
+pub use sharing::{MpsConfig, SharingConfig};
+
 /// `[timeouts]`: deadlines, in seconds, of the child processes gpufence starts ([`crate::child`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -474,8 +478,6 @@ impl Config {
     }
 }
 
-pub use crate::hostfiles::create_state_dir;
-
 /// Join an absolute path under a root (`/` root gives the path unchanged).
 pub fn join_root(root: &Path, p: &str) -> PathBuf {
     root.join(p.trim_start_matches('/'))
@@ -557,19 +559,6 @@ inventory = 60
         }
         let c = Config::from_toml("[allocation]\ntrust-env = false\n", Path::new("x")).unwrap();
         assert!(!c.allocation.trust_env.is_kubelet());
-    }
-
-    #[test]
-    fn state_dir_is_not_listable_by_host_users() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("a/state");
-        create_state_dir(&p).unwrap();
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o711
-        );
-        create_state_dir(&p).unwrap();
     }
 
     #[test]
