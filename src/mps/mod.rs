@@ -315,7 +315,7 @@ mod tests {
             pipe_dir: pipe.into(),
             shm_dir: "/run/mps/shm".into(),
             gpus: gpus.iter().map(|s| s.to_string()).collect(),
-            ..config::MpsConfig::default()
+            ..crate::config::MpsConfig::default()
         });
         c
     }
