@@ -311,7 +311,7 @@ mod tests {
 
     fn cfg(gpus: &[&str], pipe: &str) -> Config {
         let mut c = Config::default();
-        c.sharing.mps = Some(config::MpsConfig {
+        c.sharing.mps = Some(crate::config::MpsConfig {
             pipe_dir: pipe.into(),
             shm_dir: "/run/mps/shm".into(),
             gpus: gpus.iter().map(|s| s.to_string()).collect(),
