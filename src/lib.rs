@@ -35,3 +35,4 @@ pub mod quota;
 pub mod runtime;
 pub mod sim;
 pub mod status;
+pub mod text;

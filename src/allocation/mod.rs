@@ -150,18 +150,7 @@ use devices::{Resolved, describe};
 use dialects::Part;
 use input::Inputs;
 
-/// A value shortened for messages.
-pub(crate) fn short(s: &str) -> String {
-    const MAX: usize = 64;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
+pub(crate) use crate::text::short;
 
 /// What the allocation intake decided for one container.
 #[derive(Debug, Clone, PartialEq, Default)]

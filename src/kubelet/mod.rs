@@ -80,8 +80,8 @@ impl PodIdentity {
         if !ok(uid) || !ok(name) {
             return Err(format!(
                 "malformed pod UID {:?} or container name {:?}",
-                crate::allocation::short(uid),
-                crate::allocation::short(name)
+                crate::text::short(uid),
+                crate::text::short(name)
             ));
         }
         let pod = match (

@@ -243,26 +243,16 @@ pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
 /// HAMi-core's shared accounting region, inside the state directory (compatibility mode).
 pub const HAMI_CACHE_FILE: &str = "vgpu.cache";
 
-/// The container id becomes a host path component: runc's rule (`^[\w+-\.]+$`, i.e. letters,
-/// digits, `_ + , - .`), not `.` or `..`, at most 255 bytes.
+/// The container id becomes a host path component: [`crate::text::container_id_problem`].
 pub fn validate_container_id(id: &str) -> Result<(), crate::allocation::AllocationError> {
-    let err = |why: &str| crate::allocation::AllocationError::new("container id", id, why);
-    if id.is_empty() {
-        return Err(err("empty"));
+    match crate::text::container_id_problem(id) {
+        None => Ok(()),
+        Some(why) => Err(crate::allocation::AllocationError::new(
+            "container id",
+            id,
+            why,
+        )),
     }
-    if id == "." || id == ".." {
-        return Err(err("not a valid path component"));
-    }
-    if id.len() > 255 {
-        return Err(err("longer than 255 bytes"));
-    }
-    if !id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b',' | b'-' | b'.'))
-    {
-        return Err(err("only letters, digits and _ + , - . are allowed"));
-    }
-    Ok(())
 }
 
 /// Foreign edits may not replace what enforces the quota: the state directory, the quota file,

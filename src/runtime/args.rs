@@ -177,18 +177,6 @@ pub fn parse(args: &[OsString]) -> RuncArgs {
     out
 }
 
-/// runc's rule for container ids (`^[\w+-\.]+$`: letters, digits, `_ + , - .`; not `.` or
-/// `..`), at most 255 bytes: what makes an id safe as a path component under `state-dir`.
-pub fn valid_container_id(id: &str) -> bool {
-    !id.is_empty()
-        && id != "."
-        && id != ".."
-        && id.len() <= 255
-        && id
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'+' | b',' | b'-' | b'.'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,14 +267,6 @@ mod tests {
         assert_eq!(a.subcommand, None);
         let a = p(&[]);
         assert_eq!(a, RuncArgs::default());
-    }
-
-    #[test]
-    fn ids() {
-        assert!(valid_container_id("abc-1.2_x+y,z"));
-        for bad in ["", ".", "..", "a/b", "../x", "a b", "a\0b"] {
-            assert!(!valid_container_id(bad), "{bad:?}");
-        }
     }
 
     proptest::proptest! {

@@ -108,7 +108,7 @@ fn prepare_create(
         .container_id
         .as_deref()
         .ok_or_else(|| Exit::invalid("create: no container id on the command line"))?;
-    if !args::valid_container_id(id) {
+    if !crate::text::valid_container_id(id) {
         return Err(Exit::invalid(format!(
             "container id {id:?}: not a valid container id"
         )));
@@ -394,7 +394,7 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
     let id = parsed
         .container_id
         .as_deref()
-        .filter(|i| args::valid_container_id(i));
+        .filter(|i| crate::text::valid_container_id(i));
     let Some(id) = id else {
         return Err(exec(rt, rest));
     };

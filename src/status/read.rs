@@ -163,7 +163,7 @@ pub fn snapshot(state_dir: &Path) -> Result<Vec<ContainerStatus>, ReadError> {
     let entries = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(err)?;
     let mut out: Vec<ContainerStatus> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|id| crate::runtime::args::valid_container_id(id) && !id.starts_with('.'))
+        .filter(|id| crate::text::valid_container_id(id) && !id.starts_with('.'))
         .filter_map(|id| container(&dir, &id))
         .collect();
     out.sort_by(|a, b| {
