@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::exit::Exit;
-use crate::inventory::elf;
+use crate::ldso::soname as elf;
 
 /// Driver version of the simulated node.
 pub const DRIVER_VERSION: &str = "580.65.06";

@@ -25,7 +25,7 @@ fn driver_files(dir: &Path, with_libm: bool) -> Vec<PathBuf> {
         ("libnvidia-ml.so.580.65.06", "libnvidia-ml.so.1"),
     ] {
         let p = dir.join(file);
-        std::fs::write(&p, gpufence::inventory::elf::minimal_shared_object(soname)).unwrap();
+        std::fs::write(&p, gpufence::ldso::soname::minimal_shared_object(soname)).unwrap();
         out.push(p);
     }
     if !with_libm {

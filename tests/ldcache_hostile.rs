@@ -272,7 +272,7 @@ fn block_device_cache_temporaries_and_hwcaps_symlink_to_the_host() {
     let secret = format!("libhostonly{}.so.1", std::process::id());
     std::fs::write(
         hostdir.join("x86-64-v2").join(&secret),
-        gpufence::inventory::elf::minimal_shared_object(&secret),
+        gpufence::ldso::soname::minimal_shared_object(&secret),
     )
     .unwrap();
     for f in c.folders() {

@@ -241,7 +241,7 @@ pub fn driver_files(cfg: &Config, driver_version: &str) -> Vec<DriverFile> {
                 tracing::debug!(file = %host.display(), "versioned library not in the driver list");
                 continue;
             };
-            let soname = super::elf::soname(&host)
+            let soname = crate::ldso::soname::soname(&host)
                 .or_else(|| l.soname.map(str::to_string))
                 .unwrap_or_else(|| name.clone());
             if let Some(mut f) = file(cfg, host, FileKind::Library, l.cap) {

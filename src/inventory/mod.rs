@@ -13,7 +13,6 @@ use crate::config::Config;
 
 mod cache;
 pub mod cli;
-pub mod elf;
 pub mod files;
 mod gpus;
 
