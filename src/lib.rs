@@ -17,6 +17,7 @@ pub mod cdigen;
 pub mod cgroup;
 pub mod child;
 pub mod config;
+pub mod driverlimits;
 pub mod enter;
 pub mod exit;
 pub mod fnv;

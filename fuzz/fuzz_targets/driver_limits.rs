@@ -3,7 +3,7 @@
 //! `/proc/<pid>/cgroup`, and the hook's `--limit <uuid>=<bytes>` arguments.
 #![no_main]
 
-use gpufence::backend::cgroup::{expected_path, v2_member};
+use gpufence::inventory::limits::cgroup::{expected_path, v2_member};
 use gpufence::backend::parse_limit;
 use libfuzzer_sys::fuzz_target;
 

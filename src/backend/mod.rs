@@ -15,23 +15,7 @@ use crate::allocation::{AllocatedDevice, Allocation, AllocationError, DeviceRef}
 use crate::config::{Config, QuotaBackend};
 use crate::inventory::Inventory;
 
-pub mod apply;
-pub mod cgroup;
-pub mod nvml;
-
-pub use cgroup::CgroupMode;
-
-/// What the node supports for driver memory limits (recorded in the inventory cache).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverSupport {
-    /// How cgroups are mounted (`unified`, `hybrid`, `legacy`).
-    pub cgroup: CgroupMode,
-    /// NVML exports `nvmlDeviceSetMemoryLimits_v1` and `nvmlDeviceGetMemoryLimits_v1`.
-    pub nvml_exports: bool,
-    /// UUIDs of the GPUs for which NVML accepts memory-limit calls (never MIG).
-    pub gpus: Vec<String>,
-}
+pub use crate::inventory::limits::{CgroupMode, DriverSupport};
 
 /// The backend of one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,29 +219,6 @@ pub fn parse_limit(arg: &str) -> Result<DriverLimit, String> {
         uuid: uuid.to_string(),
         hard,
     })
-}
-
-/// Inventory probe (NVML initialised): the cgroup layout and, per GPU, whether NVML accepts
-/// memory limits. Never fails: what cannot be probed is unsupported.
-pub fn probe(cfg: &Config, inv: &Inventory) -> DriverSupport {
-    let (cgroup, root) = cgroup::mode();
-    let mut s = DriverSupport {
-        cgroup,
-        ..DriverSupport::default()
-    };
-    let Ok(mut lib) = nvml::Nvml::open(&cfg.nvml_library) else {
-        return s;
-    };
-    s.nvml_exports = true;
-    let ns = root.unwrap_or_else(|| std::path::PathBuf::from("/sys/fs/cgroup"));
-    for g in inv.gpus.iter().filter(|g| !g.mig_enabled) {
-        use nvml::MemoryLimits;
-        match lib.get(&g.uuid, &ns.display().to_string()) {
-            Ok(_) => s.gpus.push(g.uuid.clone()),
-            Err(e) => tracing::debug!(gpu = %g.uuid, error = %e, "no NVML memory limits"),
-        }
-    }
-    s
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
             crate::enter::ldcache::run(config, &st.id, &rootfs, &folder)
         }
         Cmd::MemoryLimits { limit } => {
-            crate::backend::apply::hook_main(config, &limit, &mut std::io::stdin().lock())
+            super::limits::hook_main(config, &limit, &mut std::io::stdin().lock())
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod apply;
 pub mod cli;
 pub mod inputs;
 pub mod install;
+pub mod limits;
 pub mod state;
 
 use std::io::Read;
@@ -282,7 +283,7 @@ fn enforce_plan(
     }
     if !plan.driver_limits.is_empty() {
         let (spec, _) = state::read_config(&st.bundle)?;
-        let ns = crate::backend::apply::container_namespace(pid, &spec, id)
+        let ns = crate::driverlimits::container_namespace(pid, &spec, id)
             .map_err(|e| HookError::Plan(e.to_string()))?;
         driver_limits_in_child(cfg, id, &ns.display().to_string(), &plan.driver_limits)?;
     }
@@ -314,10 +315,10 @@ fn driver_limits_in_child(
     limits: &[crate::backend::DriverLimit],
 ) -> Result<(), HookError> {
     let f = crate::child::fork_with_deadline("driver limits", cfg.timeouts.worker(), |out| {
-        let r = crate::backend::nvml::Nvml::open(&cfg.nvml_library)
+        let r = crate::inventory::limits::nvml::Nvml::open(&cfg.nvml_library)
             .map_err(|e| e.to_string())
             .and_then(|mut lib| {
-                crate::backend::apply::apply(cfg, id, namespace, limits, &mut lib)
+                crate::driverlimits::apply(cfg, id, namespace, limits, &mut lib)
                     .map_err(|e| e.to_string())
             });
         match r {
@@ -387,7 +388,7 @@ pub fn poststop(config: Option<&Path>, stdin: &mut impl Read) -> Result<(), Exit
     }
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
-    crate::backend::apply::clear_at_exit(&cfg, &m.id);
+    crate::driverlimits::clear_at_exit(&cfg, &m.id);
     let d = cfg.container_state_dir(&m.id);
     match std::fs::remove_dir_all(&d) {
         Ok(()) => {

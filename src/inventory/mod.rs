@@ -15,6 +15,7 @@ mod cache;
 pub mod cli;
 pub mod files;
 mod gpus;
+pub mod limits;
 
 pub use cache::{CACHE_FILE, CacheKey, cache_key};
 
@@ -49,7 +50,7 @@ pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
     let mut inv = gpus::scan(cfg)?;
     inv.control_nodes = files::control_nodes(cfg)?;
     inv.driver_files = files::driver_files(cfg, &inv.driver_version);
-    inv.memory_limits = crate::backend::probe(cfg, &inv);
+    inv.memory_limits = limits::probe(cfg, &inv);
     Ok(inv)
 }
 
@@ -117,7 +118,7 @@ pub struct Inventory {
     pub driver_files: Vec<DriverFile>,
     /// Driver memory limits (NVML R615) and the cgroup layout: what `quota.backend = auto` reads.
     #[serde(default)]
-    pub memory_limits: crate::backend::DriverSupport,
+    pub memory_limits: limits::DriverSupport,
 }
 
 /// One physical GPU.

@@ -399,7 +399,7 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
         return Err(exec(rt, rest));
     };
     let dir = cfg.container_state_dir(id);
-    let limits = crate::backend::apply::record_path(cfg, id);
+    let limits = crate::driverlimits::record_path(cfg, id);
     if std::fs::symlink_metadata(&dir).is_err() && std::fs::symlink_metadata(&limits).is_err() {
         // Nothing of ours to clean up (no GPU, or already removed): plain exec.
         return Err(exec(rt, rest));
@@ -414,7 +414,7 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
     });
     if code == 0 || !container_exists(parsed, cfg, id) {
         crate::logging::init(cfg);
-        crate::backend::apply::clear_at_exit(cfg, id);
+        crate::driverlimits::clear_at_exit(cfg, id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

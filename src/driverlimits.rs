@@ -8,16 +8,14 @@
 //! container did. Any failure clears what was already set and refuses the container: runc then
 //! fails `create` and removes the container and its cgroup.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::DriverLimit;
-use super::nvml::{MemoryLimits, NvmlCallError};
+use crate::backend::DriverLimit;
 use crate::config::Config;
-use crate::exit::Exit;
+use crate::inventory::limits::nvml::{MemoryLimits, NvmlCallError};
 
 /// Host-only directory (under `state-dir`) of the records of applied limits.
 pub const RECORD_DIR: &str = ".memory-limits";
@@ -39,7 +37,7 @@ pub enum BackendError {
     #[error("container cgroup {actual:?} is not the one its cgroupsPath names ({expected:?})")]
     Mismatch { actual: String, expected: String },
     #[error(transparent)]
-    PathForm(#[from] super::cgroup::PathFormError),
+    PathForm(#[from] crate::inventory::limits::cgroup::PathFormError),
     #[error(transparent)]
     Cgroup(#[from] crate::cgroup::CgroupError),
     #[error(transparent)]
@@ -78,19 +76,20 @@ pub fn container_namespace(
     let mountinfo = read_file(Path::new("/proc/self/mountinfo"))?;
     let located = crate::cgroup::locate(&proc_cgroup, &mountinfo)?;
     let dir = located.v2.ok_or(BackendError::NoV2)?;
-    let actual = super::cgroup::v2_member(&proc_cgroup).unwrap_or_default();
+    let actual = crate::inventory::limits::cgroup::v2_member(&proc_cgroup).unwrap_or_default();
     let cgroups_path = spec
         .get("linux")
         .and_then(|l| l.get("cgroupsPath"))
         .and_then(|p| p.as_str());
     // A relative (or empty) cgroupsPath is below the runtime's cgroup — runc's cgroup v2 manager
     // takes the parent of its own cgroup (a process may only sit in a leaf), the v1 one its own.
-    let own = super::cgroup::v2_member(&own).unwrap_or("/");
+    let own = crate::inventory::limits::cgroup::v2_member(&own).unwrap_or("/");
     let parent = Path::new(own)
         .parent()
         .map_or("/".to_string(), |p| p.display().to_string());
-    let expected = super::cgroup::expected_path(cgroups_path, own, id, false)?;
-    let from_parent = super::cgroup::expected_path(cgroups_path, &parent, id, false)?;
+    let expected = crate::inventory::limits::cgroup::expected_path(cgroups_path, own, id, false)?;
+    let from_parent =
+        crate::inventory::limits::cgroup::expected_path(cgroups_path, &parent, id, false)?;
     if actual != expected && actual != from_parent {
         return Err(BackendError::Mismatch {
             actual: actual.to_string(),
@@ -200,44 +199,11 @@ pub fn clear_recorded<L: MemoryLimits>(
     }
 }
 
-/// `gpufence hook memory-limits --limit <uuid>=<bytes>…` (createRuntime; OCI state on stdin).
-pub fn hook_main(
-    config: Option<&Path>,
-    limits: &[String],
-    stdin: &mut impl Read,
-) -> Result<(), Exit> {
-    let st = crate::hook::state::read_oci_state(stdin)
-        .map_err(|e| Exit::invalid(e.to_string()))
-        .and_then(|raw| {
-            crate::hook::state::parse_state(&raw).map_err(|e| Exit::invalid(e.to_string()))
-        })?;
-    let limits: Vec<DriverLimit> = limits
-        .iter()
-        .map(|a| super::parse_limit(a))
-        .collect::<Result<_, _>>()
-        .map_err(Exit::invalid)?;
-    let cfg = Config::load(config)?;
-    crate::logging::init(&cfg);
-    let id = st.id.clone();
-    let fail = |e: BackendError| {
-        tracing::error!(container = %id, error = %e, "refused: driver memory limits not applied");
-        Exit::env(format!("hook memory-limits: container {id}: {e}"))
-    };
-    let pid = st.pid.filter(|p| *p > 0).ok_or_else(|| {
-        Exit::invalid(format!(
-            "hook memory-limits: container {id}: no pid in the OCI state"
-        ))
-    })?;
-    let (spec, _) =
-        crate::hook::state::read_config(&st.bundle).map_err(|e| Exit::invalid(e.to_string()))?;
-    let ns = container_namespace(pid, &spec, &id).map_err(fail)?;
-    let mut lib = super::nvml::Nvml::open(&cfg.nvml_library).map_err(|e| fail(e.into()))?;
-    apply(&cfg, &id, &ns.display().to_string(), &limits, &mut lib).map_err(fail)
-}
-
 /// Clear at delete/poststop, logging rather than failing (the container is gone either way).
 pub fn clear_at_exit(cfg: &Config, id: &str) {
-    let r = clear_recorded(cfg, id, || super::nvml::Nvml::open(&cfg.nvml_library));
+    let r = clear_recorded(cfg, id, || {
+        crate::inventory::limits::nvml::Nvml::open(&cfg.nvml_library)
+    });
     if let Err(e) = r {
         warn!(container = id, error = %e, "driver memory limits not cleared");
         eprintln!("gpufence: container {id}: driver memory limits not cleared: {e}");
@@ -247,7 +213,7 @@ pub fn clear_at_exit(cfg: &Config, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::nvml::{LIMIT_MAX, Recording};
+    use crate::inventory::limits::nvml::{LIMIT_MAX, Recording};
 
     fn cfg(dir: &Path) -> Config {
         Config {
