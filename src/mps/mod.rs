@@ -29,8 +29,7 @@ use crate::cdi::MountEdit;
 use crate::config::Config;
 use crate::inventory::Inventory;
 
-/// The allocation's request for MPS sharing (`mps`).
-pub const ANN_SHARING: &str = "gpufence.dev/sharing";
+pub use crate::allocation::dialects::ANN_SHARING;
 
 /// What the daemon reported (filled by [`probe`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

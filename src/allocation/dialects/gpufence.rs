@@ -15,6 +15,8 @@ pub const ANN_OVERSUBSCRIBE: &str = "gpufence.dev/oversubscribe";
 pub const ANN_CORES_POLICY: &str = "gpufence.dev/cores-policy";
 /// Extension: driver capabilities (`NVIDIA_DRIVER_CAPABILITIES` syntax) as a trusted annotation.
 pub const ANN_CAPABILITIES: &str = "gpufence.dev/capabilities";
+/// The allocation's request for MPS sharing (`mps`), read by [`crate::mps`] when it plans.
+pub const ANN_SHARING: &str = "gpufence.dev/sharing";
 /// Every `gpufence.dev/*` annotation gpufence knows; any other key under the prefix is refused,
 /// so that a typo (`gpufence.dev/memroy`) never silently drops a limit.
 pub const KNOWN_ANNOTATIONS: [&str; 7] = [
@@ -24,7 +26,7 @@ pub const KNOWN_ANNOTATIONS: [&str; 7] = [
     ANN_CORES_POLICY,
     ANN_OVERSUBSCRIBE,
     ANN_CAPABILITIES,
-    crate::mps::ANN_SHARING,
+    ANN_SHARING,
 ];
 pub const ANN_PREFIX: &str = "gpufence.dev/";
 
