@@ -144,6 +144,7 @@ pub mod dialects;
 pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
+pub mod record;
 pub mod scheduler;
 
 use devices::{Resolved, describe};
@@ -188,7 +189,7 @@ pub fn read(
 }
 
 /// Read the allocation from a parsed `config.json` and what kubelet recorded for the container
-/// (loaded at the edge, [`crate::kubelet::load`]). Pure.
+/// (loaded at the edge, [`crate::allocation::record::load`]). Pure.
 ///
 /// Each enabled dialect is read into a [`Part`] (env-borne ones from the env kubelet vouches for,
 /// [`kubelet_env::view`]); the parts must agree facet by facet ([`agree`]); then untrusted env

@@ -116,7 +116,7 @@ pub fn intake(
         Vec::<LoadedSpec>::new()
     };
     // What kubelet recorded for this container (trust-env = "kubelet"; a small file read).
-    let kubelet = crate::kubelet::load(cfg, spec, kubelet_checkpoint);
+    let kubelet = crate::allocation::record::load(cfg, spec, kubelet_checkpoint);
     out.plan =
         super::plan_with(spec, id, &out.inventory, cfg, &specs, &kubelet).map_err(|error| {
             IntakeError::Allocation {

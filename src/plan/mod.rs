@@ -143,7 +143,7 @@ pub fn plan(
     plan_with(spec, container_id, inventory, config, cdi_specs, &none)
 }
 
-/// [`plan`] with what kubelet recorded for the container ([`crate::kubelet::load`]).
+/// [`plan`] with what kubelet recorded for the container ([`crate::allocation::record::load`]).
 pub fn plan_with(
     spec: &serde_json::Value,
     container_id: &str,

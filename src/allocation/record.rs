@@ -1,0 +1,101 @@
+//! The edge where kubelet's record for a container is read: which container of which pod (the
+//! CRI annotations), whether the node's policy lets kubelet's record count here, and the
+//! checkpoint itself ([`crate::kubelet`] parses it). The allocation checks what it got against
+//! this record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::kubelet::{self, KubeletSource, PodIdentity};
+
+/// Read kubelet's record for the container of `spec` (the edge). `override_path` is
+/// `gpufence plan --kubelet-checkpoint FILE`: read even where no kubelet directory exists.
+pub fn load(cfg: &Config, spec: &serde_json::Value, override_path: Option<&Path>) -> KubeletSource {
+    if !cfg.allocation.trust_env.is_kubelet() {
+        return KubeletSource::Absent;
+    }
+    let path: PathBuf = override_path
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| cfg.kubelet.checkpoint.clone());
+    let shown = path.display().to_string();
+    let ann: BTreeMap<String, String> = spec
+        .get("annotations")
+        .and_then(|a| a.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    if super::libpod::is_libpod(&ann) && !cfg.allocation.trust_libpod_annotations {
+        // podman copies image annotations: a CRI pod identity there may be the image's claim.
+        return KubeletSource::Absent;
+    }
+    let id = match PodIdentity::from_annotations(&ann) {
+        Ok(Some(id)) => id,
+        Ok(None) => return KubeletSource::Absent,
+        Err(why) => {
+            return KubeletSource::Unavailable {
+                checkpoint: shown,
+                why: format!("pod identity: {why}"),
+            };
+        }
+    };
+    if override_path.is_none() && !path.parent().is_some_and(Path::is_dir) {
+        // No kubelet on this node (its device-plugins directory does not exist).
+        return KubeletSource::Absent;
+    }
+    match kubelet::source::read_checkpoint(&path) {
+        Ok(bytes) => kubelet::from_checkpoint_bytes(&bytes, &id, &shown),
+        Err(why) => KubeletSource::Unavailable {
+            checkpoint: shown,
+            why,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_reads_the_checkpoint_but_not_for_podman_containers() {
+        let d = tempfile::tempdir().unwrap();
+        let cp = d.path().join("kubelet_internal_checkpoint");
+        let resp = kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", "GPU-a")], &[]);
+        std::fs::write(
+            &cp,
+            kubelet::checkpoint_json(vec![kubelet::entry(
+                "u",
+                "c",
+                "nvidia.com/gpu",
+                &["a"],
+                resp,
+            )]),
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kubelet.checkpoint = cp.clone();
+        let mut spec = serde_json::json!({"annotations": {
+            kubelet::CRIO_POD_UID: "u", kubelet::CRIO_CONTAINER_NAME: "c"}});
+        assert!(
+            matches!(load(&cfg, &spec, None), KubeletSource::Record(r) if r.resources.len() == 1)
+        );
+        // podman copies image annotations: its containers never claim a pod's record.
+        spec["annotations"]["io.container.manager"] = "libpod".into();
+        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        // No kubelet directory: no kubelet (unless the file is named explicitly).
+        spec["annotations"]["io.container.manager"] = "cri-o".into();
+        cfg.kubelet.checkpoint = d.path().join("missing-dir/kubelet_internal_checkpoint");
+        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        assert!(matches!(
+            load(&cfg, &spec, Some(&cp)),
+            KubeletSource::Record(_)
+        ));
+        // The directory exists, the file does not: unavailable, naming why.
+        cfg.kubelet.checkpoint = d.path().join("gone");
+        assert!(matches!(load(&cfg, &spec, None),
+            KubeletSource::Unavailable { why, .. } if why == "does not exist"));
+    }
+}
