@@ -32,7 +32,7 @@ pub mod logging;
 pub mod mps;
 pub mod plan;
 pub mod quantity;
-pub mod quota;
+pub use gpufence_format::quota;
 pub mod runtime;
 pub mod sim;
 pub mod status;

@@ -450,7 +450,7 @@ fn admit_limited(cfg: &'static Config, key: u64, stream: usize, ptsz: bool) -> O
             }
         };
         d.consumed.fetch_add(cost, Ordering::AcqRel);
-        cfg.region.stats.note_compute(idx, cost);
+        cfg.region.note_compute(idx, cost);
         if start > now {
             sleep_until(start);
         }

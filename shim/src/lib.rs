@@ -21,19 +21,16 @@
 //! atomic load), and `dlsym`/`cuGetProcAddress` hand out the driver's own functions.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-#[path = "../../src/quota.rs"]
-#[allow(dead_code)]
-mod quota;
+use gpufence_format::quota;
 
 mod cores;
 mod elfsym;
 mod explain;
-#[path = "../../src/status/human.rs"]
-mod human;
+use gpufence_format::human;
 mod launch;
 mod nvml;
 mod real;
-mod region;
+use gpufence_format::region;
 mod state;
 mod table;
 

@@ -7,7 +7,7 @@
 
 #[cfg(feature = "exporter")]
 pub mod exporter;
-pub mod human;
+pub use gpufence_format::human;
 pub mod meta;
 pub mod ps;
 pub mod read;

@@ -1,10 +1,8 @@
-//! Decoding a copy of a container's accounting region (the shim's `region.rs`, compiled in here
-//! for its one layout definition). The bytes come from a file every process of the container
+//! Decoding a copy of a container's accounting region (its one layout definition is
+//! [`gpufence_format::region`], which the shim maps). The bytes come from a file every process of the container
 //! can write: decoding is bounds-checked, never panics, and its figures serve display only.
 
-#[path = "../../shim/src/region.rs"]
-#[allow(dead_code, unused_imports)]
-mod layout;
+use gpufence_format::region as layout;
 
 use layout::{MAX_DEVICES, SLOTS, offsets as off};
 

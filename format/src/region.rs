@@ -29,7 +29,6 @@
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-#[path = "stats.rs"]
 pub mod stats;
 
 pub const MAX_DEVICES: usize = 64;
@@ -283,6 +282,12 @@ fn dead(key: u64) -> bool {
 }
 
 impl Region {
+    /// Device time charged on quota device `d` by the compute-share limiter (stats block).
+    #[inline]
+    pub fn note_compute(&self, d: usize, ns: u64) {
+        self.stats.note_compute(d, ns);
+    }
+
     /// Bytes charged container-wide on quota device `d`: the header's total, or the live
     /// slots' sum where the header was lowered behind our back.
     pub fn used(&self, d: usize) -> u64 {

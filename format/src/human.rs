@@ -1,4 +1,4 @@
-//! Byte counts for people (`2.0 GiB`). Shared with the shim (`#[path]`): core/alloc only.
+//! Byte counts for people (`2.0 GiB`). Shared with the shim: core/alloc only.
 
 /// `2.0 GiB`, `512.0 MiB`, `100 B`; `whole`: `4 GiB` when the value is a whole number of units.
 pub fn size(b: u64, whole: bool) -> String {

@@ -1,8 +1,8 @@
 //! The quota file: written by the runtime or hook into `state-dir/<id>/quota`, mounted read-only
 //! at `/run/gpufence/quota`, read by `libgpufence.so`.
 //!
-//! Format: UTF-8 text, one `key=value` per line, `#` comments. This file is also compiled into
-//! the shim (`#[path]`), so it uses `core`/`alloc`-level code only and never panics on input.
+//! Format: UTF-8 text, one `key=value` per line, `#` comments. Shared with the shim
+//! (this crate), so it uses `core`/`alloc`-level code only and never panics on input.
 //!
 //! ```text
 //! version=1
