@@ -1,14 +1,27 @@
 //! gpufence: the node-side enforcement point for shared GPUs.
 //!
-//! The crate is a pipeline of plain data (see `DESIGN.md`):
+//! The crate is a pipeline of plain data — inventory → allocation → plan → appliers — and its
+//! modules sit in layers; every import points down (`scripts/layers.py`, run by `make lint`,
+//! checks it):
 //!
-//! * [`inventory`] — what the node has (NVML + device nodes + driver files), cached on disk;
-//! * [`allocation`] — what the scheduler decided, normalised from any dialect;
-//! * [`plan`] — the container edits, a pure function of (config.json, inventory, config);
-//! * apply — to the OCI spec ([`runtime`]) or inside the container's namespaces ([`hook`]);
-//! * [`cdi`] — the same edits emitted as a CDI spec.
+//! 1. **ground** — [`config`], [`exit`], [`text`], [`fsutil`] (atomic writes), [`fnv`],
+//!    [`logging`], [`child`] (deadlined child processes);
+//! 2. **formats**, parsed strictly — [`cdi`], [`ldso`] (ld.so cache, ELF), [`kubelet`]
+//!    (device-manager checkpoint), [`quantity`], [`quota`] (the quota file, shared with the shim
+//!    through the `gpufence-format` crate);
+//! 3. **[`inventory`]** — what the node has (NVML, device nodes, driver files, driver-limit
+//!    support), cached on disk;
+//! 4. **[`allocation`]** — what the scheduler decided, normalised from any dialect and checked
+//!    against kubelet's record;
+//! 5. **plan** — [`plan`] (pure and final), with the quota [`backend`] and [`mps`] decisions;
+//! 6. **applier support** — [`enter`] (namespaces, in-rootfs paths), [`cgroup`] (device rules),
+//!    [`hostfiles`] (a plan's host files), [`driverlimits`] (NVML limits on a cgroup);
+//! 7. **appliers and readers** — [`runtime`] (the spec, `gpufence-runtime`), [`hook`] (the
+//!    namespace, hooks.d), [`cdigen`] (CDI specs), [`status`] (`ps`, exporter), [`install`],
+//!    [`sim`] (the simulated node).
 //!
-//! Side effects live at the edges; the middle is unit-testable.
+//! The contract (commands, annotations, config keys, quota environment) is the project's
+//! `DESIGN.md`; side effects live at the edges, the middle is unit-testable.
 
 pub mod allocation;
 pub mod backend;

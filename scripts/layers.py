@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Import direction check for src/: every `crate::X` reference between top-level modules must point
+down the layers named in src/lib.rs (ground → formats → inventory → allocation → plan → appliers and
+readers). Prints every upward or same-layer-cyclic arrow and any import cycle; exit 1 if there is one.
+
+Usage: scripts/layers.py [--graph]   (run from the repository root; `make lint` runs it)
+"""
+import os
+import re
+import sys
+
+SRC = "src"
+# Lower index = lower layer. A module may import modules of its own layer or below, never above;
+# within a layer, the graph must still be acyclic.
+LAYERS = [
+    # config, errors and exit codes, text rules, atomic writes, hashing, logging, child processes
+    ("ground", ["config", "exit", "text", "fsutil", "fnv", "logging", "child"]),
+    # file and wire formats, parsed strictly: CDI, ld.so cache and ELF, kubelet's records,
+    # quantities, the quota file
+    ("formats", ["cdi", "ldso", "kubelet", "quantity", "quota"]),
+    # what the node has (NVML, device nodes, driver files), cached
+    ("inventory", ["inventory"]),
+    # what the scheduler decided, any dialect, backed by kubelet's record
+    ("allocation", ["allocation"]),
+    # the edits: pure and final (the quota backend and MPS are parts of the decision)
+    ("plan", ["plan", "backend", "mps"]),
+    # what the appliers share: privileged calls (namespaces, cgroups) and the host files of a plan
+    ("applier support", ["enter", "cgroup", "hostfiles", "driverlimits"]),
+    # the four appliers (spec, namespace, NRI, CDI), the readers, the installers and the simulator
+    ("appliers", ["runtime", "hook", "nri", "cdigen", "status", "install", "sim"]),
+]
+
+REF = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+USE_GROUP = re.compile(r"\buse\s+crate::\{([^;]*)\}", re.S)
+
+
+def top_modules():
+    mods = []
+    for name in sorted(os.listdir(SRC)):
+        p = os.path.join(SRC, name)
+        if name in ("lib.rs", "bin"):
+            continue
+        if name.endswith(".rs"):
+            mods.append(name[:-3])
+        elif os.path.isdir(p):
+            mods.append(name)
+    return mods
+
+
+def files_of(mod):
+    p = os.path.join(SRC, mod)
+    if os.path.isdir(p):
+        for root, _, files in os.walk(p):
+            for f in files:
+                if f.endswith(".rs"):
+                    yield os.path.join(root, f)
+    else:
+        yield p + ".rs"
+
+
+def strip_comments(text):
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def edges(mods):
+    out = {m: set() for m in mods}
+    for m in mods:
+        for f in files_of(m):
+            text = strip_comments(open(f, encoding="utf-8").read())
+            found = set(REF.findall(text))
+            for group in USE_GROUP.findall(text):
+                for item in re.split(r",(?![^{]*\})", group):
+                    head = item.strip().split("::")[0].strip()
+                    if head:
+                        found.add(head)
+            for t in found:
+                if t in out and t != m:
+                    out[m].add(t)
+    return out
+
+
+def cycles(graph):
+    index, low, stack, on, res, n = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                res.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return res
+
+
+def main():
+    mods = top_modules()
+    layer_of = {}
+    for i, (_, names) in enumerate(LAYERS):
+        for name in names:
+            layer_of[name] = i
+    graph = edges(mods)
+    bad = []
+    for m in mods:
+        if m not in layer_of:
+            bad.append(f"src/{m}: not in any layer of scripts/layers.py (add it where it belongs)")
+    for m in mods:
+        for t in sorted(graph[m]):
+            if m in layer_of and t in layer_of and layer_of[t] > layer_of[m]:
+                bad.append(
+                    f"{m} ({LAYERS[layer_of[m]][0]}) imports {t} ({LAYERS[layer_of[t]][0]}): points up"
+                )
+    for comp in cycles(graph):
+        bad.append("import cycle: " + " <-> ".join(comp))
+    if "--graph" in sys.argv:
+        for m in mods:
+            print(f"{m} -> {', '.join(sorted(graph[m])) or '-'}")
+    if bad:
+        print("\n".join(bad))
+        sys.exit(1)
+    print(f"layers: {len(mods)} modules of src/, every import points down, no cycle")
+
+
+if __name__ == "__main__":
+    main()
