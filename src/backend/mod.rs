@@ -7,7 +7,7 @@
 //! NVML and cached); [`decide`] (pure) picks a backend per device from `quota.backend`; the plan
 //! carries the decision and, for driver devices, a createRuntime hook (`gpufence hook
 //! memory-limits`) that applies the limits once runc has created the container's cgroup
-//! ([`apply`]); `gpufence-runtime delete` and the poststop hook clear them.
+//! ([`crate::driverlimits`]); `gpufence-runtime delete` and the poststop hook clear them.
 
 use serde::{Deserialize, Serialize};
 
