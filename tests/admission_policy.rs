@@ -304,7 +304,6 @@ fn dialect_keys() -> Vec<String> {
         "{}nvidia-device-plugin_1",
         gpufence::cdi::parse::ANNOTATION_PREFIX
     ));
-    keys.push(gpufence::mps::ANN_SHARING.to_string());
     keys.push(hami::ALLOCATED.to_string());
     keys.push(dialects::ALIYUN_GPU_COUNT.to_string());
     for k in [
