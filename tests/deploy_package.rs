@@ -109,6 +109,7 @@ const EXPECTED: &[&str] = &[
     "/usr/share/gpufence/hooks/gpufence.json",
     "/usr/share/gpufence/k8s/daemonset.yaml",
     "/usr/share/gpufence/k8s/runtimeclass.yaml",
+    "/usr/share/gpufence/k8s/admission-policy.yaml",
     "/usr/share/gpufence/cdi/sim-2gpu.json",
     "/usr/share/gpufence/cdi/sim-2gpu-mig1.yaml",
 ];
