@@ -5,7 +5,8 @@
 //! * [`inventory`] — what the node has (NVML + device nodes + driver files), cached on disk;
 //! * [`allocation`] — what the scheduler decided, normalised from any dialect;
 //! * [`plan`] — the container edits, a pure function of (config.json, inventory, config);
-//! * apply — to the OCI spec ([`runtime`]) or inside the container's namespaces ([`hook`]);
+//! * apply — to the OCI spec ([`runtime`]), inside the container's namespaces ([`hook`]) or as
+//!   an NRI adjustment ([`nri`]);
 //! * [`cdi`] — the same edits emitted as a CDI spec.
 //!
 //! Side effects live at the edges; the middle is unit-testable.
@@ -28,6 +29,7 @@ pub mod kubelet;
 pub mod ldso;
 pub mod logging;
 pub mod mps;
+pub mod nri;
 pub mod plan;
 pub mod quantity;
 pub mod quota;
