@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A minimal CRI client (what the kubelet does for one pod), for gpufence's containerd e2e test.
 
-Usage: cri_client.py REQUEST_JSON
+Usage: cri_client.py REQUEST_JSON | -   (-: the request on stdin)
 REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
@@ -22,7 +22,8 @@ from cri_api.v1 import api_pb2_grpc as pbg
 
 
 def main():
-    req = json.loads(sys.argv[1])
+    # "-": the request on stdin (one larger than an argument may be).
+    req = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
     chan = grpc.insecure_channel("unix://" + req["socket"])
     rt = pbg.RuntimeServiceStub(chan)
     timeout = req.get("timeout", 20)
