@@ -365,4 +365,24 @@ mod tests {
             .unwrap();
         assert_eq!(r.synced.lock().unwrap()[1], (1, 2));
     }
+
+    proptest::proptest! {
+        /// Whatever bytes arrive for any method, the service answers (a payload or a status)
+        /// and goes on serving.
+        #[test]
+        fn any_payload_for_any_method_is_answered(
+            method in proptest::sample::select(vec![
+                "Configure", "Synchronize", "Shutdown", "CreateContainer", "StopContainer",
+                "RemoveContainer", "StateChange", "UpdateContainer", "",
+            ]),
+            payload in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        ) {
+            let (_, s) = service();
+            if let Err((code, msg)) = s.call(PLUGIN_SERVICE, method, &payload) {
+                proptest::prop_assert!(code != code::OK);
+                proptest::prop_assert!(!msg.is_empty());
+            }
+            proptest::prop_assert!(s.call(PLUGIN_SERVICE, "CreateContainer", &create("app")).is_ok());
+        }
+    }
 }

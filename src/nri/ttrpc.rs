@@ -290,4 +290,51 @@ mod tests {
         let r = pb::Response::decode(&m[HEADER_LEN..]).unwrap();
         assert_eq!(r.status.unwrap().code, code::RESOURCE_EXHAUSTED);
     }
+
+    proptest::proptest! {
+        /// Any messages, cut into any chunks, come out whole and in order.
+        #[test]
+        fn decoder_reassembles_any_chunking(
+            msgs in proptest::collection::vec(
+                (proptest::num::u32::ANY, 1u8..4, proptest::collection::vec(proptest::num::u8::ANY, 0..600)),
+                0..8,
+            ),
+            cuts in proptest::collection::vec(1usize..700, 1..40),
+        ) {
+            let mut wire = Vec::new();
+            for (sid, kind, data) in &msgs {
+                wire.extend(encode(*sid, *kind, 0, data).unwrap());
+            }
+            let mut d = Decoder::default();
+            let mut got = Vec::new();
+            let mut rest = &wire[..];
+            let mut i = 0;
+            while !rest.is_empty() {
+                let n = cuts[i % cuts.len()].min(rest.len());
+                got.extend(d.push(&rest[..n]));
+                rest = &rest[n..];
+                i += 1;
+            }
+            let want: Vec<Event> = msgs
+                .iter()
+                .map(|(sid, kind, data)| Event::Message {
+                    header: Header { length: data.len() as u32, stream_id: *sid, kind: *kind, flags: 0 },
+                    data: data.clone(),
+                })
+                .collect();
+            proptest::prop_assert_eq!(got, want);
+        }
+
+        /// Arbitrary bytes never panic the decoder, and it never holds more than one message.
+        #[test]
+        fn decoder_takes_any_bytes(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..4096)) {
+            let mut d = Decoder::default();
+            for e in d.push(&bytes) {
+                if let Event::Message { data, .. } = e {
+                    proptest::prop_assert!(data.len() <= MAX_DATA);
+                }
+            }
+            proptest::prop_assert!(d.current.as_ref().is_none_or(|(_, v)| v.len() <= MAX_DATA));
+        }
+    }
 }
