@@ -228,7 +228,8 @@ fn pod(
 }
 
 /// Adds `NRI_TEST=<container name>` and a read-only bind of `mount_src` at `/nri-test`;
-/// refuses a container whose env has `NRI_TEST_REFUSE=<reason>`.
+/// refuses a container whose env has `NRI_TEST_REFUSE=<reason>`, first sleeps
+/// `NRI_TEST_SLEEP_MS` when set.
 struct TestHandler {
     mount_src: PathBuf,
     creates: AtomicUsize,
@@ -243,6 +244,13 @@ impl Handler for TestHandler {
         ctr: &api::Container,
     ) -> Result<ContainerAdjustment, String> {
         self.creates.fetch_add(1, Ordering::SeqCst);
+        if let Some(ms) = ctr
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("NRI_TEST_SLEEP_MS="))
+        {
+            std::thread::sleep(Duration::from_millis(ms.parse().unwrap_or(0)));
+        }
         if let Some(reason) = ctr
             .env
             .iter()
@@ -544,4 +552,87 @@ fn nri_pre_registered_plugin_gets_its_connection_from_containerd() {
     );
     let log = std::fs::read_to_string(&node.log).unwrap();
     assert!(log.contains("Inherited"), "{log}");
+}
+
+/// Where NRI's default validator does not close the gap (containerd 2.3.4, NRI v0.12.0): the
+/// validator lists the plugins NRI consulted, and a plugin that fails the call fatally (no answer
+/// within `plugin_request_timeout`, or a connection already closed that NRI has not yet pruned)
+/// is consulted, dropped, and its adjustment skipped — the container is created unadjusted and
+/// the validator passes. gpufence closes the first (it refuses before the timeout); the second
+/// is pinned here so a fix upstream (or a regression) shows; docs/nri.md.
+#[test]
+fn nri_validator_gaps_timeout_and_crash_before_pruning() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let s = common::scratch("nri-gaps");
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &["gpufence"]);
+    let c = start_containerd(&bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    let src = s.join("mount-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("marker"), "from-the-host\n").unwrap();
+    let h = Arc::new(TestHandler {
+        mount_src: src,
+        creates: AtomicUsize::new(0),
+        syncs: AtomicUsize::new(0),
+        gone: Mutex::new(Vec::new()),
+    });
+    let nri_sock = cdir.join("nri.sock");
+    let (stop, t) = start_plugin(&nri_sock, &h);
+    wait_synced(&h, 0, "first start");
+    let unadjusted = "env=\ncat: can't open '/nri-test/marker': No such file or directory\n";
+
+    // A handler slower than the request timeout (2 s): gpufence refuses at 1.5 s itself (the
+    // runtime would have dropped the plugin and created the container unadjusted).
+    let slow = serde_json::json!({"envs": {"NRI_TEST_SLEEP_MS": "3000"}});
+    let r = pod(&py, &c, &s, "slow", PROBE, slow);
+    assert_eq!(r["stage"], "create_container", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("no decision within 1.5s"),
+        "{r}"
+    );
+    let r = pod(&py, &c, &s, "served-again", PROBE, serde_json::json!({}));
+    assert_eq!(r["log"], "env=app\nfrom-the-host\n", "{r}");
+
+    // The plugin dies between a pod's sandbox and its container: NRI still lists it.
+    let gate = s.join("gate");
+    let req = serde_json::json!({"wait_before_create": gate});
+    let (py2, sock, s2) = (py.clone(), c.sock.clone(), s.clone());
+    let client = std::thread::spawn(move || {
+        let mut full = serde_json::json!({
+            "socket": sock, "handler": "", "dir": s2, "name": "crash-window",
+            "image": "localhost/pause:test", "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
+        });
+        full["wait_before_create"] = req["wait_before_create"].clone();
+        cri_support::client(&py2, &full)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s.join("gate.ready").exists() {
+        assert!(Instant::now() < deadline, "sandbox not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.stop();
+    t.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(&gate, "").unwrap();
+    let r = client.join().unwrap();
+    assert_eq!(
+        (r["stage"].as_str(), r["log"].as_str()),
+        (Some("done"), Some(unadjusted)),
+        "{r}"
+    );
+    // The next container: NRI has pruned the plugin, the validator refuses.
+    validator_refused(&pod(
+        &py,
+        &c,
+        &s,
+        "after-prune",
+        PROBE,
+        serde_json::json!({}),
+    ));
 }

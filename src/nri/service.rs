@@ -2,7 +2,9 @@
 //! [`Handler`], its answer encoded. Pure of I/O: [`super::conn`] calls [`Service::call`] on a
 //! thread of its own for each request.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use prost::Message;
 
@@ -31,9 +33,22 @@ pub fn event_mask() -> i32 {
 /// Most pods, and most containers, kept from a Synchronize split over several messages.
 pub const MAX_SYNC_OBJECTS: usize = 1 << 16;
 
+/// NRI's default `plugin_request_timeout`, until Configure says otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 2000;
+
+/// The share of the runtime's request timeout the handler gets for CreateContainer. A plugin
+/// that does not answer in time is dropped by NRI and the container created without its
+/// adjustment — and NRI's default validator lets that through (docs/nri.md) — so gpufence
+/// answers a refusal itself before the runtime gives up.
+pub fn decision_deadline(request_timeout_ms: u64) -> Duration {
+    Duration::from_millis(request_timeout_ms.saturating_mul(3) / 4)
+}
+
 /// The Plugin service over one handler.
 pub struct Service {
     handler: Arc<dyn Handler>,
+    /// The runtime's request timeout (Configure), in milliseconds.
+    request_timeout_ms: AtomicU64,
     /// Synchronize parts received so far (the runtime splits large states, `more` = true).
     sync: Mutex<(Vec<api::PodSandbox>, Vec<api::Container>)>,
 }
@@ -52,6 +67,7 @@ impl Service {
     pub fn new(handler: Arc<dyn Handler>) -> Service {
         Service {
             handler,
+            request_timeout_ms: AtomicU64::new(DEFAULT_REQUEST_TIMEOUT_MS),
             sync: Mutex::new((Vec::new(), Vec::new())),
         }
     }
@@ -64,6 +80,9 @@ impl Service {
         match method {
             "Configure" => {
                 let req: api::ConfigureRequest = decode(method, payload)?;
+                if let Ok(ms @ 1..) = u64::try_from(req.request_timeout) {
+                    self.request_timeout_ms.store(ms, Ordering::SeqCst);
+                }
                 tracing::info!(
                     runtime = %req.runtime_name,
                     version = %req.runtime_version,
@@ -147,7 +166,7 @@ impl Service {
             ));
         };
         let pod = req.pod.unwrap_or_default();
-        match self.handler.create_container(&pod, &ctr) {
+        match self.decide(pod, ctr) {
             Ok(adjust) => Ok(api::CreateContainerResponse {
                 adjust: Some(adjust),
                 update: Vec::new(),
@@ -156,6 +175,46 @@ impl Service {
             // A plain error (code Unknown): the runtime fails the creation with the reason and
             // keeps the plugin (a timeout or a closed connection would drop it instead).
             Err(reason) => Err((code::UNKNOWN, reason)),
+        }
+    }
+
+    /// The handler's decision, or a refusal when it takes longer than [`decision_deadline`]
+    /// (the handler's thread is left to finish; its late answer is dropped).
+    fn decide(
+        &self,
+        pod: api::PodSandbox,
+        ctr: api::Container,
+    ) -> Result<api::ContainerAdjustment, String> {
+        let deadline = decision_deadline(self.request_timeout_ms.load(Ordering::SeqCst));
+        let (tx, rx) = mpsc::channel();
+        let handler = Arc::clone(&self.handler);
+        let id = ctr.id.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nri-decide".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handler.create_container(&pod, &ctr)
+                }));
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            return Err(format!(
+                "container {id}: gpufence nri: cannot start a thread: {e}"
+            ));
+        }
+        match rx.recv_timeout(deadline) {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(format!(
+                "container {id}: gpufence nri: internal error deciding"
+            )),
+            Err(_) => {
+                let why = format!(
+                    "container {id}: gpufence nri: no decision within {deadline:?} (3/4 of the \
+                     runtime's request timeout); refused rather than left unfenced"
+                );
+                tracing::warn!(container = %id, "NRI: refused: {why}");
+                Err(why)
+            }
         }
     }
 
@@ -192,6 +251,12 @@ mod tests {
             pod: &api::PodSandbox,
             ctr: &api::Container,
         ) -> Result<api::ContainerAdjustment, String> {
+            if ctr.name == "slow" {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            if ctr.name == "panic" {
+                panic!("handler bug");
+            }
             if ctr.name == "refuse" {
                 return Err(format!("container {}: no GPU for pod {}", ctr.id, pod.name));
             }
@@ -268,6 +333,45 @@ mod tests {
                 .0,
             code::INVALID_ARGUMENT
         );
+    }
+
+    #[test]
+    fn a_slow_decision_is_a_refusal_before_the_runtime_s_timeout() {
+        let (_, s) = service();
+        // Configure: request timeout 200 ms → 150 ms for the decision.
+        let cfg = api::ConfigureRequest {
+            request_timeout: 200,
+            ..Default::default()
+        };
+        s.call(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec())
+            .unwrap();
+        let t = std::time::Instant::now();
+        let (code, why) = s
+            .call(PLUGIN_SERVICE, "CreateContainer", &create("slow"))
+            .unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(190),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(code, code::UNKNOWN);
+        assert!(
+            why.contains("container c1: gpufence nri: no decision within 150ms"),
+            "{why}"
+        );
+        // A handler panic is a refusal too.
+        let (code, why) = s
+            .call(PLUGIN_SERVICE, "CreateContainer", &create("panic"))
+            .unwrap_err();
+        assert_eq!(
+            (code, why.contains("internal error")),
+            (code::UNKNOWN, true)
+        );
+        assert!(
+            s.call(PLUGIN_SERVICE, "CreateContainer", &create("app"))
+                .is_ok()
+        );
+        assert_eq!(decision_deadline(2000), Duration::from_millis(1500));
     }
 
     #[test]

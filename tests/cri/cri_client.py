@@ -5,7 +5,7 @@ Usage: cri_client.py REQUEST_JSON | -   (-: the request on stdin)
 REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
-               "envs": {"K": "V"}, "timeout": 20}
+               "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate"}
 Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
                          "log": "<container output>", "sandbox_id": ..., "container_id": ...}
 The pod is stopped and removed before exiting, whatever happened.
@@ -52,6 +52,15 @@ def main():
             pb.RunPodSandboxRequest(config=pod_cfg, runtime_handler=req["handler"]), timeout=timeout
         ).pod_sandbox_id
         out["sandbox_id"] = sandbox_id
+
+        # "wait_before_create": a path; with the sandbox running, create "<path>.ready" and wait
+        # (up to the timeout) for the test to create <path> before creating the container.
+        gate = req.get("wait_before_create")
+        if gate:
+            open(gate + ".ready", "w").close()
+            deadline = time.time() + timeout
+            while not os.path.exists(gate) and time.time() < deadline:
+                time.sleep(0.05)
 
         ctr_cfg = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="app", attempt=0),
