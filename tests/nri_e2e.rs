@@ -302,6 +302,31 @@ fn wait_synced(h: &TestHandler, n: usize, what: &str) {
     }
 }
 
+/// A scratch dir, a private containerd (`required`: its validator's plugins) with the image,
+/// and a test handler binding `mount-src/marker`: (scratch, containerd dir, its config,
+/// containerd, handler).
+fn with_test_plugin(
+    bin: &Path,
+    name: &str,
+    required: &[&str],
+) -> (PathBuf, PathBuf, PathBuf, Containerd, Arc<TestHandler>) {
+    let s = common::scratch(name);
+    let cdir = s.join("containerd");
+    let config = containerd_config(bin, &cdir, required);
+    let c = start_containerd(bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    let src = s.join("mount-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("marker"), "from-the-host\n").unwrap();
+    let h = Arc::new(TestHandler {
+        mount_src: src,
+        creates: AtomicUsize::new(0),
+        syncs: AtomicUsize::new(0),
+        gone: Mutex::new(Vec::new()),
+    });
+    (s, cdir, config, c, h)
+}
+
 const PROBE: &str = "echo env=$NRI_TEST; cat /nri-test/marker 2>&1; true";
 
 fn prerequisites() -> Option<(PathBuf, PathBuf)> {
@@ -318,20 +343,7 @@ fn nri_plugin_adjusts_refuses_and_reconnects() {
     let Some((bin, py)) = prerequisites() else {
         return;
     };
-    let s = common::scratch("nri-e2e");
-    let cdir = s.join("containerd");
-    let config = containerd_config(&bin, &cdir, &[]);
-    let c = start_containerd(&bin, &cdir, &config);
-    cri_support::import_image(&s, &c);
-    let src = s.join("mount-src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("marker"), "from-the-host\n").unwrap();
-    let h = Arc::new(TestHandler {
-        mount_src: src,
-        creates: AtomicUsize::new(0),
-        syncs: AtomicUsize::new(0),
-        gone: Mutex::new(Vec::new()),
-    });
+    let (s, cdir, config, c, h) = with_test_plugin(&bin, "nri-e2e", &[]);
     let nri_sock = cdir.join("nri.sock");
     let (stop, t) = start_plugin(&nri_sock, &h);
     wait_synced(&h, 0, "first start");
@@ -565,22 +577,8 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
     let Some((bin, py)) = prerequisites() else {
         return;
     };
-    let s = common::scratch("nri-gaps");
-    let cdir = s.join("containerd");
-    let config = containerd_config(&bin, &cdir, &["gpufence"]);
-    let c = start_containerd(&bin, &cdir, &config);
-    cri_support::import_image(&s, &c);
-    let src = s.join("mount-src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("marker"), "from-the-host\n").unwrap();
-    let h = Arc::new(TestHandler {
-        mount_src: src,
-        creates: AtomicUsize::new(0),
-        syncs: AtomicUsize::new(0),
-        gone: Mutex::new(Vec::new()),
-    });
-    let nri_sock = cdir.join("nri.sock");
-    let (stop, t) = start_plugin(&nri_sock, &h);
+    let (s, _cdir, _config, c, h) = with_test_plugin(&bin, "nri-gaps", &["gpufence"]);
+    let (stop, t) = start_plugin(&c.sock.with_file_name("nri.sock"), &h);
     wait_synced(&h, 0, "first start");
     let unadjusted = "env=\ncat: can't open '/nri-test/marker': No such file or directory\n";
 
