@@ -122,6 +122,31 @@ fn create_dir_nofollow(base: &Path, dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether container `id` left anything of gpufence's on the host: its state directory or a
+/// record of driver memory limits.
+pub fn has_container_state(cfg: &Config, id: &str) -> bool {
+    crate::text::valid_container_id(id)
+        && (std::fs::symlink_metadata(cfg.container_state_dir(id)).is_ok()
+            || std::fs::symlink_metadata(crate::driverlimits::record_path(cfg, id)).is_ok())
+}
+
+/// Clean what creating container `id` left on the host, once the container is gone: its driver
+/// memory limits (cleared through NVML where a record says they were set) and its state
+/// directory (quota, status record). What `gpufence-runtime delete` and the NRI plugin's
+/// RemoveContainer both do. Idempotent; an invalid id touches nothing.
+pub fn remove_container_state(cfg: &Config, id: &str) -> Result<(), HostFilesError> {
+    if !crate::text::valid_container_id(id) {
+        return Ok(());
+    }
+    crate::driverlimits::clear_at_exit(cfg, id);
+    let dir = cfg.container_state_dir(id);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(HostFilesError::Io { path: dir, source }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 
 use super::api::{Container, ContainerAdjustment, PodSandbox};
 use crate::config::Config;
+use crate::exit::Reason;
 
 /// Why a container is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,15 +34,86 @@ pub trait Handler: Send + Sync {
     fn synchronize(&self, _pods: &[PodSandbox], _containers: &[Container]) {}
 }
 
-/// The handler `gpufence nri` runs, from gpufence's configuration.
+/// The handler `gpufence nri` runs, from gpufence's configuration. The inventory cache is
+/// warmed here (NVML is initialised, if at all, at start — not on a container's create path).
 pub fn from_config(cfg: Config) -> PlanHandler {
-    PlanHandler { cfg }
+    match crate::inventory::load(&cfg) {
+        Ok(inv) => {
+            tracing::info!(gpus = inv.gpus.len(), driver = %inv.driver_version, "NRI: inventory ready")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "NRI: inventory unavailable; GPU containers will be refused until it is")
+        }
+    }
+    PlanHandler {
+        cfg,
+        load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+    }
 }
 
-/// The plan's front door ([`crate::plan::intake`]) for each container.
+/// How the handler reads the node's inventory.
+pub type InventoryLoader = fn(&Config) -> Result<crate::inventory::Inventory, String>;
+
+/// The plan's front door ([`crate::plan::intake`]) for each container, rendered as the
+/// adjustment ([`super::adjust`]).
 #[derive(Debug)]
 pub struct PlanHandler {
     cfg: Config,
+    /// The cache under `state-dir`, as the runtime reads it (warmed at start).
+    load_inventory: InventoryLoader,
+}
+
+/// A refusal: how it is counted, and the one line the runtime reports.
+type Refusal = (Reason, String);
+
+impl PlanHandler {
+    /// The decision for one container: the request from NRI's message, the plan, its
+    /// adjustment, and (when the plan grants anything) its host files and status record —
+    /// written before the answer, so the container never starts without its quota.
+    fn decide(&self, pod: &PodSandbox, ctr: &Container) -> Result<ContainerAdjustment, Refusal> {
+        let id = ctr.id.as_str();
+        if !crate::text::valid_container_id(id) {
+            let short = crate::text::short(id);
+            return Err((
+                Reason::Spec,
+                format!("container id {short:?}: not a valid container id"),
+            ));
+        }
+        let request = super::request::inputs(pod, ctr)
+            .map_err(|e| (Reason::Allocation, format!("container {id}: {e}")))?;
+        let intake = crate::plan::intake::intake_request(
+            &self.cfg,
+            request,
+            id,
+            self.load_inventory,
+            &crate::plan::intake::CdiSource::default(),
+            None,
+        )
+        .map_err(|e| (e.reason(), e.to_string()))?;
+        if intake.sandbox.is_some() {
+            return Ok(ContainerAdjustment::default());
+        }
+        let plan = &intake.plan;
+        crate::runtime::log_decision(id, plan);
+        let adjustment = super::adjust::render(&self.cfg, plan, ctr)
+            .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
+        if plan.state_dir.is_some() || !plan.host_files.is_empty() {
+            crate::hostfiles::write_host_files(&self.cfg, id, plan).map_err(|e| {
+                let reason = if e.code() == 1 {
+                    Reason::Spec
+                } else {
+                    Reason::Host
+                };
+                (reason, e.to_string())
+            })?;
+            crate::status::meta::record(
+                plan,
+                &intake.request.annotations,
+                crate::status::meta::Locator::default(),
+            );
+        }
+        Ok(adjustment)
+    }
 }
 
 impl Handler for PlanHandler {
@@ -50,70 +122,66 @@ impl Handler for PlanHandler {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<ContainerAdjustment, String> {
-        let spec = spec_view(pod, ctr);
-        let intake = crate::plan::intake::intake(
-            &self.cfg,
-            &spec,
-            &ctr.id,
-            |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
-            &crate::plan::intake::CdiSource::default(),
-            None,
-        )
-        .map_err(|e| e.to_string())?;
-        let untouched = intake.sandbox.is_some()
-            || (intake.plan.grants_nothing()
-                && intake.plan.env_overrides.is_empty()
-                && !names_devices(ctr));
-        if untouched {
-            tracing::info!(container = %ctr.id, pod = %pod.name, "NRI: no GPU: container untouched");
-            return Ok(ContainerAdjustment::default());
+        let t = std::time::Instant::now();
+        match self.decide(pod, ctr) {
+            Ok(adjustment) => {
+                let untouched = adjustment == ContainerAdjustment::default();
+                tracing::info!(
+                    container = %ctr.id,
+                    pod = %pod.name,
+                    namespace = %pod.namespace,
+                    untouched,
+                    devices = adjustment.linux.as_ref().map_or(0, |l| l.devices.len()),
+                    mounts = adjustment.mounts.len(),
+                    env = adjustment.env.len(),
+                    decision_us = t.elapsed().as_micros() as u64,
+                    "NRI: adjustment"
+                );
+                Ok(adjustment)
+            }
+            Err((reason, line)) => {
+                crate::status::refusals::count(&self.cfg.state_dir, reason);
+                tracing::error!(
+                    container = %ctr.id,
+                    pod = %pod.name,
+                    namespace = %pod.namespace,
+                    reason = reason.as_str(),
+                    decision_us = t.elapsed().as_micros() as u64,
+                    error = %line,
+                    "refused"
+                );
+                Err(line)
+            }
         }
-        // TODO(phase 2): render the plan (device nodes, cgroup rules, mounts, env, hooks) as the
-        // adjustment and write its host files; until then a container the plan touches is refused.
-        let why = format!(
-            "container {}: gpufence nri: plan rendering not built yet (this container asks for a GPU)",
-            ctr.id
-        );
-        tracing::warn!(container = %ctr.id, pod = %pod.name, "NRI: refused: {why}");
-        Err(why)
     }
 
     fn container_gone(&self, id: &str, why: Gone) {
-        // Nothing is created on the host for a container until the plan is rendered.
-        tracing::debug!(container = id, ?why, "NRI: container gone");
+        // As `gpufence-runtime delete` does once the runtime let go of the container: its
+        // processes are gone at StopContainer (the runtime handler cleans at the task's
+        // delete, which follows the exit); RemoveContainer cleans again (idempotent) for a
+        // container whose stop was not seen.
+        if !crate::hostfiles::has_container_state(&self.cfg, id) {
+            tracing::debug!(
+                container = id,
+                ?why,
+                "NRI: container gone, nothing to clean"
+            );
+            return;
+        }
+        match crate::hostfiles::remove_container_state(&self.cfg, id) {
+            Ok(()) => tracing::info!(container = id, ?why, "NRI: container state removed"),
+            Err(e) => {
+                tracing::warn!(container = id, ?why, error = %e, "NRI: container state not removed")
+            }
+        }
     }
-}
-
-/// Whether the container names devices the plan did not grant: CDI devices, or device nodes
-/// (kubelet's device plugins hand GPUs over this way).
-fn names_devices(ctr: &Container) -> bool {
-    !ctr.cdi_devices.is_empty() || ctr.linux.as_ref().is_some_and(|l| !l.devices.is_empty())
-}
-
-/// The parts of an OCI `config.json` the allocation reads (annotations, process env, mounts),
-/// built from what NRI says of the container: the pod's annotations overlaid by the
-/// container's own (which carry the engine's container-type key).
-pub fn spec_view(pod: &PodSandbox, ctr: &Container) -> serde_json::Value {
-    let mut annotations = serde_json::Map::new();
-    for (k, v) in pod.annotations.iter().chain(ctr.annotations.iter()) {
-        annotations.insert(k.clone(), serde_json::Value::String(v.clone()));
-    }
-    let mounts: Vec<serde_json::Value> = ctr
-        .mounts
-        .iter()
-        .map(|m| serde_json::json!({"destination": m.destination, "source": m.source, "type": m.r#type}))
-        .collect();
-    serde_json::json!({
-        "annotations": annotations,
-        "process": {"env": ctr.env},
-        "mounts": mounts,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nri::api::{CdiDevice, Mount};
+    use crate::inventory::Inventory;
+    use std::collections::BTreeMap;
 
     fn cfg(dir: &std::path::Path) -> Config {
         Config {
@@ -125,9 +193,31 @@ mod tests {
         }
     }
 
+    /// One GPU whose device nodes are the host's /dev/null (real numbers for the restat).
+    fn one_gpu(_: &Config) -> Result<Inventory, String> {
+        let mut inv = crate::plan::tests::inv();
+        for n in inv
+            .gpus
+            .iter_mut()
+            .map(|g| &mut g.node)
+            .chain(inv.control_nodes.iter_mut())
+        {
+            n.host_path = "/dev/null".into();
+        }
+        Ok(inv)
+    }
+
+    fn handler(dir: &std::path::Path, load_inventory: InventoryLoader) -> PlanHandler {
+        PlanHandler {
+            cfg: cfg(dir),
+            load_inventory,
+        }
+    }
+
     fn ctr(annotations: &[(&str, &str)], env: &[&str]) -> Container {
         Container {
             id: "c1".into(),
+            name: "app".into(),
             annotations: annotations
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -137,59 +227,105 @@ mod tests {
         }
     }
 
-    #[test]
-    fn spec_view_overlays_container_annotations_on_the_pod_s() {
-        let pod = PodSandbox {
-            annotations: [("a", "pod"), ("b", "pod")]
+    /// A pod NRI knows no UID for (no kubelet record is consulted).
+    fn pod(annotations: &[(&str, &str)]) -> PodSandbox {
+        PodSandbox {
+            name: "p".into(),
+            namespace: "ns".into(),
+            annotations: annotations
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+                .collect::<BTreeMap<_, _>>(),
             ..Default::default()
-        };
-        let mut c = ctr(&[("b", "ctr")], &["K=V"]);
-        c.mounts.push(Mount {
-            destination: "/d".into(),
-            source: "/s".into(),
-            ..Default::default()
-        });
-        let v = spec_view(&pod, &c);
-        assert_eq!(
-            v["annotations"],
-            serde_json::json!({"a": "pod", "b": "ctr"})
-        );
-        assert_eq!(v["process"]["env"], serde_json::json!(["K=V"]));
-        assert_eq!(v["mounts"][0]["destination"], "/d");
-        assert_eq!(v["mounts"][0]["source"], "/s");
+        }
     }
 
     #[test]
-    fn no_gpu_is_untouched_and_a_gpu_request_is_refused_until_rendering_exists() {
+    fn no_gpu_is_untouched_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let h = from_config(cfg(dir.path()));
-        let pod = PodSandbox::default();
-        let adj = h.create_container(&pod, &ctr(&[], &["PATH=/bin"])).unwrap();
+        let h = handler(dir.path(), one_gpu);
+        let adj = h
+            .create_container(&pod(&[]), &ctr(&[], &["PATH=/bin"]))
+            .unwrap();
         assert_eq!(adj, ContainerAdjustment::default());
-        // A GPU asked for in a pod annotation (no inventory here: refused either way, never
-        // created with a GPU and never untouched).
-        let pod_gpu = PodSandbox {
-            annotations: [("gpufence.dev/devices".to_string(), "0".to_string())].into(),
-            ..Default::default()
-        };
-        let err = h.create_container(&pod_gpu, &ctr(&[], &[])).unwrap_err();
-        assert!(err.contains("c1"), "{err}");
-        // CDI devices or device nodes the plan did not grant: refused.
-        let mut c = ctr(&[], &[]);
-        c.cdi_devices.push(CdiDevice {
-            name: "nvidia.com/gpu=0".into(),
-        });
-        let err = h.create_container(&pod, &c).unwrap_err();
-        assert!(err.contains("plan rendering not built yet"), "{err}");
+        assert!(!dir.path().join("state/c1").exists());
+    }
+
+    #[test]
+    fn a_gpu_pod_gets_its_adjustment_host_files_and_record_and_removal_cleans_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        let p = pod(&[
+            ("gpufence.dev/devices", "0"),
+            ("gpufence.dev/memory", "1Gi"),
+        ]);
+        let adj = h.create_container(&p, &ctr(&[], &["PATH=/bin"])).unwrap();
+        let linux = adj.linux.as_ref().unwrap();
+        let paths: Vec<&str> = linux.devices.iter().map(|d| d.path.as_str()).collect();
+        assert!(paths.contains(&"/dev/nvidia0"), "{paths:?}");
+        assert!(paths.contains(&"/dev/nvidiactl"), "{paths:?}");
+        // The numbers are the live ones of the host node (/dev/null is 1:3).
+        assert!(linux.devices.iter().all(|d| (d.major, d.minor) == (1, 3)));
+        assert!(
+            adj.env
+                .iter()
+                .any(|e| e.key == "GPUFENCE_MEMORY_LIMIT_0" && e.value == (1u64 << 30).to_string())
+        );
+        assert!(
+            adj.mounts
+                .iter()
+                .any(|m| m.destination == "/run/gpufence/quota")
+        );
+        let state = dir.path().join("state/c1");
+        let quota = std::fs::read_to_string(state.join("quota")).unwrap();
+        assert!(quota.contains("device.0.uuid=GPU-a"), "{quota}");
+        let meta =
+            crate::status::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            (meta.namespace.as_deref(), meta.pod.as_deref()),
+            (Some("ns"), Some("p"))
+        );
+        // No pod UID from NRI: no CRI identity (so no container name), no kubelet record.
+        assert_eq!(meta.container, None);
+        // Stop, then remove: the state goes (as `gpufence-runtime delete` removes it).
+        h.container_gone("c1", Gone::Stopped);
+        assert!(!state.exists());
+        h.container_gone("c1", Gone::Removed);
+        h.container_gone("../etc", Gone::Removed);
+    }
+
+    #[test]
+    fn a_refusal_is_one_line_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        let p = pod(&[("gpufence.dev/devices", "5")]);
+        let err = h.create_container(&p, &ctr(&[], &[])).unwrap_err();
+        assert!(err.starts_with("container c1: "), "{err}");
+        assert!(err.contains("gpufence.dev/devices"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        // No inventory: a GPU request is refused, never planned against a guess.
+        let h2 = handler(dir.path(), |_| Err("no cache".into()));
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        let err = h2.create_container(&p, &ctr(&[], &[])).unwrap_err();
+        assert!(err.contains("no cache"), "{err}");
+        // A forged identity annotation.
+        let mut c = ctr(&[(crate::kubelet::CONTAINERD_POD_UID, "victim")], &[]);
+        c.name = "app".into();
+        let err = h.create_container(&pod(&[]), &c).unwrap_err();
+        assert!(err.contains("victim"), "{err}");
+        let counts: BTreeMap<&str, u64> = crate::status::refusals::read(&dir.path().join("state"))
+            .into_iter()
+            .map(|(r, n)| (r.as_str(), n))
+            .collect();
+        assert_eq!(counts.get("allocation"), Some(&3), "{counts:?}");
+        assert!(!dir.path().join("state/c1").exists());
     }
 
     #[test]
     fn a_pod_sandbox_is_untouched() {
         let dir = tempfile::tempdir().unwrap();
-        let h = from_config(cfg(dir.path()));
+        let h = handler(dir.path(), |_| panic!("inventory read for a sandbox"));
         let c = ctr(
             &[
                 ("io.kubernetes.cri.container-type", "sandbox"),
@@ -198,7 +334,7 @@ mod tests {
             &[],
         );
         assert_eq!(
-            h.create_container(&PodSandbox::default(), &c).unwrap(),
+            h.create_container(&pod(&[]), &c).unwrap(),
             ContainerAdjustment::default()
         );
     }

@@ -16,11 +16,13 @@
 //!
 //! The NRI API is containerd/nri v0.12.0 (`proto/nri/api.proto`); see `docs/nri.md`.
 
+pub mod adjust;
 pub mod cli;
 pub mod conn;
 pub mod handler;
 pub mod mux;
 pub mod plugin;
+pub mod request;
 pub mod service;
 pub mod ttrpc;
 

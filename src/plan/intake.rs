@@ -42,6 +42,18 @@ pub enum IntakeError {
     Mps { id: String, error: String },
 }
 
+impl IntakeError {
+    /// How a refusal for this error is counted ([`crate::status::refusals`]).
+    pub fn reason(&self) -> crate::exit::Reason {
+        use crate::exit::Reason;
+        match self {
+            IntakeError::Allocation { .. } => Reason::Allocation,
+            IntakeError::Inventory { .. } => Reason::Inventory,
+            IntakeError::Mps { .. } => Reason::Host,
+        }
+    }
+}
+
 /// Where CDI specs come from.
 #[derive(Debug, Clone)]
 pub struct CdiSource {

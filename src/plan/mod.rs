@@ -511,11 +511,12 @@ pub fn ldcache_hook_folders(h: &crate::cdi::HookEdit) -> Option<Vec<String>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::inventory::{DeviceNode, Gpu, Inventory};
 
-    fn inv() -> Inventory {
+    /// One GPU (`GPU-a`, /dev/nvidia0) and /dev/nvidiactl; also the NRI handler's fixture.
+    pub(crate) fn inv() -> Inventory {
         let node = |p: &str, minor| DeviceNode {
             path: p.to_string(),
             host_path: p.into(),

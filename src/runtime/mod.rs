@@ -148,10 +148,12 @@ fn prepare_create(
         &CdiSource::default(),
         None,
     )
-    .map_err(|e| match e {
-        IntakeError::Allocation { .. } => Exit::invalid(e).because(Reason::Allocation),
-        IntakeError::Inventory { .. } => Exit::env(e).because(Reason::Inventory),
-        IntakeError::Mps { .. } => Exit::env(e).because(Reason::Host),
+    .map_err(|e| {
+        let reason = e.reason();
+        match e {
+            IntakeError::Allocation { .. } => Exit::invalid(e).because(reason),
+            IntakeError::Inventory { .. } | IntakeError::Mps { .. } => Exit::env(e).because(reason),
+        }
     })?;
     if let (Some(p), Some(us)) = (phases.as_mut(), inventory_us) {
         p.split("inventory", us);
@@ -244,8 +246,9 @@ fn prepare_driver_folders<'p>(
     }
 }
 
-/// One line per decision: container id, dialects, devices, quotas.
-fn log_decision(id: &str, plan: &Plan) {
+/// One line per decision: container id, dialects, devices, quotas (the runtime's and the NRI
+/// plugin's).
+pub fn log_decision(id: &str, plan: &Plan) {
     match &plan.allocation {
         None => tracing::info!(
             container = id,
@@ -399,9 +402,7 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
     let Some(id) = id else {
         return Err(exec(rt, rest));
     };
-    let dir = cfg.container_state_dir(id);
-    let limits = crate::driverlimits::record_path(cfg, id);
-    if std::fs::symlink_metadata(&dir).is_err() && std::fs::symlink_metadata(&limits).is_err() {
+    if !crate::hostfiles::has_container_state(cfg, id) {
         // Nothing of ours to clean up (no GPU, or already removed): plain exec.
         return Err(exec(rt, rest));
     }
@@ -415,11 +416,8 @@ fn delete(parsed: &args::RuncArgs, cfg: &Config, rt: &Path, rest: &[OsString]) -
     });
     if code == 0 || !container_exists(parsed, cfg, id) {
         crate::logging::init(cfg);
-        crate::driverlimits::clear_at_exit(cfg, id);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => eprintln!("gpufence-runtime: remove {}: {e}", dir.display()),
+        if let Err(e) = crate::hostfiles::remove_container_state(cfg, id) {
+            eprintln!("gpufence-runtime: {e}");
         }
     }
     std::process::exit(code)

@@ -1,0 +1,469 @@
+//! A final [`Plan`] rendered as NRI's [`ContainerAdjustment`] — the NRI counterpart of
+//! [`crate::runtime::apply`]. Pure: the plan, the container as NRI describes it (for what must be
+//! removed) and the configuration (the ld-cache hook's command line) in, the adjustment out.
+//!
+//! What the runtime writes into `config.json`, and how NRI (v0.12.0's spec generator) gets the
+//! same result:
+//! * device nodes → `linux.devices` (type, major, minor, file mode, uid, gid); NRI also adds an
+//!   allow rule for each, and the plan's cgroup rules go in `linux.resources.devices`;
+//! * mounts → `mounts` (a bind gets the `bind` option); the container's own mounts at or below a
+//!   destination gpufence reserves (`/run/gpufence`, the shim, `/etc/ld.so.preload`) are removed
+//!   with NRI's removal marker (a destination prefixed `-`), as the runtime drops them;
+//! * env → `env`: the plan's, then its overrides (the later value of a key wins), one entry per
+//!   key. NRI replaces a variable's first occurrence only — a later duplicate in the container's
+//!   env would win back — and forwards no env removal to the runtime, so a container whose env
+//!   repeats a key the plan sets is refused;
+//! * hooks → `hooks` by stage: the ld-cache refresh ([`crate::plan::ldcache_hook`] for
+//!   `plan.ld_cache`, createContainer) first, then the plan's own (e.g. the driver memory-limits
+//!   createRuntime hook);
+//! * `driver_folders` is rendered by `gpufence-runtime` only: NRI keeps the per-file binds.
+//!
+//! A plan NRI cannot express (supplementary groups) is refused, never half applied.
+
+use std::collections::BTreeMap;
+
+use super::api::{
+    Container, ContainerAdjustment, Hook, Hooks, KeyValue, LinuxContainerAdjustment, LinuxDevice,
+    LinuxDeviceCgroup, LinuxResources, Mount, OptionalFileMode, OptionalInt, OptionalInt64,
+    OptionalUInt32,
+};
+use crate::cdi::{DeviceNodeEdit, HookEdit, MountEdit};
+use crate::config::Config;
+use crate::plan::{CgroupRule, Plan};
+
+/// NRI's marker for "remove this" in a mount destination or env key.
+pub const REMOVAL_MARKER: &str = "-";
+
+/// Why a plan cannot be rendered as an adjustment. One line each.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdjustError {
+    #[error("device node {0}: major/minor not resolved")]
+    Device(String),
+    #[error("hook stage {0:?} is not an OCI hook stage")]
+    HookStage(String),
+    #[error(
+        "env {0} is set more than once in the container; NRI replaces only the first and the \
+         plan sets it"
+    )]
+    DuplicateEnv(String),
+    #[error(
+        "mount destination {0} appears more than once in the container; NRI removes only one \
+         and it is reserved for gpufence"
+    )]
+    DuplicateMount(String),
+    #[error("the plan adds supplementary groups {0:?}, which NRI cannot add")]
+    Groups(Vec<u32>),
+}
+
+/// The adjustment for `plan` on container `ctr`.
+pub fn render(
+    cfg: &Config,
+    plan: &Plan,
+    ctr: &Container,
+) -> Result<ContainerAdjustment, AdjustError> {
+    if !plan.edits.additional_gids.is_empty() {
+        return Err(AdjustError::Groups(plan.edits.additional_gids.clone()));
+    }
+    let mut linux = LinuxContainerAdjustment::default();
+    for d in &plan.edits.device_nodes {
+        linux.devices.push(device(d)?);
+    }
+    if !plan.cgroup_rules.is_empty() {
+        linux.resources = Some(LinuxResources {
+            devices: plan.cgroup_rules.iter().map(rule).collect(),
+            ..Default::default()
+        });
+    }
+    let ld_hook = plan
+        .ld_cache
+        .as_ref()
+        .map(|l| crate::plan::ldcache_hook(cfg, &l.folders));
+    Ok(ContainerAdjustment {
+        env: env(plan, ctr)?,
+        mounts: mounts(plan, ctr)?,
+        hooks: hooks(ld_hook.iter().chain(&plan.edits.hooks))?,
+        linux: (linux != LinuxContainerAdjustment::default()).then_some(linux),
+        ..Default::default()
+    })
+}
+
+fn device(d: &DeviceNodeEdit) -> Result<LinuxDevice, AdjustError> {
+    let (Some(major), Some(minor)) = (d.major, d.minor) else {
+        return Err(AdjustError::Device(d.path.clone()));
+    };
+    Ok(LinuxDevice {
+        path: d.path.clone(),
+        r#type: d.kind.clone().unwrap_or_else(|| "c".to_string()),
+        major,
+        minor,
+        file_mode: d.file_mode.map(|value| OptionalFileMode { value }),
+        uid: d.uid.map(|value| OptionalUInt32 { value }),
+        gid: d.gid.map(|value| OptionalUInt32 { value }),
+    })
+}
+
+fn rule(r: &CgroupRule) -> LinuxDeviceCgroup {
+    LinuxDeviceCgroup {
+        allow: true,
+        r#type: r.kind.to_string(),
+        major: Some(OptionalInt64 {
+            value: i64::from(r.major),
+        }),
+        minor: Some(OptionalInt64 {
+            value: i64::from(r.minor),
+        }),
+        access: r.access.clone(),
+    }
+}
+
+/// The plan's env then its overrides, one entry per key (the last value), in first-seen order.
+fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut values: BTreeMap<&str, &str> = BTreeMap::new();
+    for e in plan.edits.env.iter().chain(&plan.env_overrides) {
+        let (k, v) = e.split_once('=').unwrap_or((e.as_str(), ""));
+        if values.insert(k, v).is_none() {
+            order.push(k);
+        }
+    }
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &ctr.env {
+        let k = e.split_once('=').map_or(e.as_str(), |(k, _)| k);
+        *seen.entry(k).or_default() += 1;
+    }
+    if let Some(k) = order.iter().find(|k| seen.get(*k).is_some_and(|n| *n > 1)) {
+        return Err(AdjustError::DuplicateEnv(k.to_string()));
+    }
+    Ok(order
+        .into_iter()
+        .map(|k| KeyValue {
+            key: k.to_string(),
+            value: values[k].to_string(),
+        })
+        .collect())
+}
+
+/// Removals of the container's mounts at reserved destinations (when the plan mounts its
+/// state), then the plan's mounts in its order.
+fn mounts(plan: &Plan, ctr: &Container) -> Result<Vec<Mount>, AdjustError> {
+    let mut out = Vec::new();
+    if plan.state_dir.is_some() {
+        let mut removed: Vec<&str> = Vec::new();
+        for m in &ctr.mounts {
+            let d = m.destination.as_str();
+            if !crate::plan::is_reserved_destination(d) {
+                continue;
+            }
+            if removed.contains(&d) {
+                return Err(AdjustError::DuplicateMount(d.to_string()));
+            }
+            removed.push(d);
+            // A destination the plan mounts is replaced by NRI anyway; the marker stays harmless.
+            out.push(Mount {
+                destination: format!("{REMOVAL_MARKER}{d}"),
+                ..Default::default()
+            });
+        }
+    }
+    out.extend(plan.edits.mounts.iter().map(mount));
+    Ok(out)
+}
+
+fn mount(m: &MountEdit) -> Mount {
+    let kind = m.kind.clone().unwrap_or_else(|| "bind".to_string());
+    let mut options = m.options.clone();
+    if kind == "bind" && !options.iter().any(|o| o == "bind" || o == "rbind") {
+        options.push("bind".to_string());
+    }
+    Mount {
+        destination: m.container_path.clone(),
+        r#type: kind,
+        source: m.host_path.clone(),
+        options,
+    }
+}
+
+fn hooks<'a>(list: impl Iterator<Item = &'a HookEdit>) -> Result<Option<Hooks>, AdjustError> {
+    let mut out = Hooks::default();
+    for h in list {
+        let stage = match h.hook_name.as_str() {
+            "prestart" => &mut out.prestart,
+            "createRuntime" => &mut out.create_runtime,
+            "createContainer" => &mut out.create_container,
+            "startContainer" => &mut out.start_container,
+            "poststart" => &mut out.poststart,
+            "poststop" => &mut out.poststop,
+            other => return Err(AdjustError::HookStage(other.to_string())),
+        };
+        let hook = Hook {
+            path: h.path.clone(),
+            args: h.args.clone(),
+            env: h.env.clone(),
+            timeout: h.timeout.map(|value| OptionalInt { value }),
+        };
+        if !stage.contains(&hook) {
+            stage.push(hook);
+        }
+    }
+    Ok((out != Hooks::default()).then_some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdi::ContainerEdits;
+    use crate::plan::{CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, LdCache};
+
+    fn gpu_plan() -> Plan {
+        Plan {
+            container_id: "c1".into(),
+            edits: ContainerEdits {
+                env: vec![
+                    "GPUFENCE_MEMORY_LIMIT_0=1073741824".into(),
+                    "GPUFENCE_STATE=/run/gpufence".into(),
+                    "NVIDIA_VISIBLE_DEVICES=GPU-1".into(),
+                ],
+                device_nodes: vec![DeviceNodeEdit {
+                    path: "/dev/nvidia1".into(),
+                    kind: Some("c".into()),
+                    major: Some(195),
+                    minor: Some(1),
+                    file_mode: Some(0o666),
+                    gid: Some(44),
+                    ..Default::default()
+                }],
+                mounts: vec![
+                    MountEdit {
+                        host_path: "/drv/libnvidia-ml.so.1".into(),
+                        container_path: "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".into(),
+                        kind: None,
+                        options: vec!["ro".into(), "nosuid".into(), "nodev".into()],
+                    },
+                    MountEdit {
+                        host_path: "tmpfs".into(),
+                        container_path: CONTAINER_STATE_DIR.into(),
+                        kind: Some("tmpfs".into()),
+                        options: vec!["size=1m".into()],
+                    },
+                    MountEdit {
+                        host_path: "/state/c1/quota".into(),
+                        container_path: "/run/gpufence/quota".into(),
+                        kind: Some("bind".into()),
+                        options: vec!["rbind".into(), "ro".into()],
+                    },
+                ],
+                hooks: vec![HookEdit {
+                    hook_name: "createRuntime".into(),
+                    path: "/usr/bin/gpufence".into(),
+                    args: vec!["gpufence".into(), "hook".into(), "memory-limits".into()],
+                    env: vec![],
+                    timeout: Some(5),
+                }],
+                ..Default::default()
+            },
+            cgroup_rules: vec![CgroupRule {
+                kind: 'c',
+                major: 195,
+                minor: 1,
+                access: "rw".into(),
+            }],
+            state_dir: Some("/state/c1".into()),
+            env_overrides: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+            ld_cache: Some(LdCache {
+                folders: vec!["/usr/lib/x86_64-linux-gnu".into()],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(env: &[&str], mounts: &[&str]) -> Container {
+        Container {
+            id: "c1".into(),
+            env: env.iter().map(|e| e.to_string()).collect(),
+            mounts: mounts
+                .iter()
+                .map(|d| Mount {
+                    destination: d.to_string(),
+                    source: "/x".into(),
+                    r#type: "bind".into(),
+                    options: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn cfg() -> Config {
+        Config {
+            gpufence_binary: "/usr/bin/gpufence".into(),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn an_empty_plan_is_an_empty_adjustment() {
+        let a = render(&cfg(), &Plan::default(), &ctr(&["PATH=/bin"], &["/proc"])).unwrap();
+        assert_eq!(a, ContainerAdjustment::default());
+    }
+
+    #[test]
+    fn devices_and_cgroup_rules() {
+        let a = render(&cfg(), &gpu_plan(), &ctr(&[], &[])).unwrap();
+        let linux = a.linux.unwrap();
+        assert_eq!(
+            linux.devices,
+            vec![LinuxDevice {
+                path: "/dev/nvidia1".into(),
+                r#type: "c".into(),
+                major: 195,
+                minor: 1,
+                file_mode: Some(OptionalFileMode { value: 0o666 }),
+                uid: None,
+                gid: Some(OptionalUInt32 { value: 44 }),
+            }]
+        );
+        let rules = linux.resources.unwrap().devices;
+        assert_eq!(rules.len(), 1);
+        assert!(rules[0].allow);
+        assert_eq!(
+            (rules[0].r#type.as_str(), rules[0].access.as_str()),
+            ("c", "rw")
+        );
+        assert_eq!(rules[0].major, Some(OptionalInt64 { value: 195 }));
+        assert_eq!(rules[0].minor, Some(OptionalInt64 { value: 1 }));
+        // Unresolved numbers: refused, not a device with 0:0.
+        let mut p = gpu_plan();
+        p.edits.device_nodes[0].minor = None;
+        assert_eq!(
+            render(&cfg(), &p, &ctr(&[], &[])).unwrap_err(),
+            AdjustError::Device("/dev/nvidia1".into())
+        );
+    }
+
+    #[test]
+    fn env_is_the_plan_s_then_its_overrides_one_entry_per_key() {
+        let a = render(&cfg(), &gpu_plan(), &ctr(&["PATH=/bin", "A=1"], &[])).unwrap();
+        let kv: Vec<(String, String)> = a.env.into_iter().map(|e| (e.key, e.value)).collect();
+        assert_eq!(
+            kv,
+            vec![
+                ("GPUFENCE_MEMORY_LIMIT_0".into(), "1073741824".into()),
+                ("GPUFENCE_STATE".into(), "/run/gpufence".into()),
+                ("NVIDIA_VISIBLE_DEVICES".into(), "void".into()),
+            ]
+        );
+        // A key the plan sets, repeated in the container's env: refused (NRI would let the
+        // later duplicate win back); a repeated key the plan does not set is left alone.
+        let e = render(
+            &cfg(),
+            &gpu_plan(),
+            &ctr(
+                &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"],
+                &[],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            AdjustError::DuplicateEnv("NVIDIA_VISIBLE_DEVICES".into())
+        );
+        render(&cfg(), &gpu_plan(), &ctr(&["A=1", "A=2"], &[])).unwrap();
+    }
+
+    #[test]
+    fn mounts_replace_the_reserved_destinations() {
+        let c = ctr(
+            &[],
+            &[
+                "/proc",
+                "/run/gpufence",
+                "/run/gpufence/planted",
+                "/etc/ld.so.preload",
+                CONTAINER_SHIM_PATH,
+                "/run/gpufencex",
+            ],
+        );
+        let a = render(&cfg(), &gpu_plan(), &c).unwrap();
+        let dests: Vec<&str> = a.mounts.iter().map(|m| m.destination.as_str()).collect();
+        assert_eq!(
+            dests,
+            vec![
+                "-/run/gpufence",
+                "-/run/gpufence/planted",
+                "-/etc/ld.so.preload",
+                "-/usr/lib/gpufence/libgpufence.so",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                "/run/gpufence",
+                "/run/gpufence/quota",
+            ]
+        );
+        let lib = &a.mounts[4];
+        assert_eq!(lib.r#type, "bind");
+        assert_eq!(lib.options, vec!["ro", "nosuid", "nodev", "bind"]);
+        assert_eq!(a.mounts[6].options, vec!["rbind", "ro"]);
+        assert_eq!(
+            (a.mounts[5].r#type.as_str(), a.mounts[5].source.as_str()),
+            ("tmpfs", "tmpfs")
+        );
+        // Two mounts at one reserved destination: NRI would remove only one.
+        let c = ctr(&[], &["/run/gpufence", "/run/gpufence"]);
+        assert_eq!(
+            render(&cfg(), &gpu_plan(), &c).unwrap_err(),
+            AdjustError::DuplicateMount("/run/gpufence".into())
+        );
+        // A plan without state (no GPU) removes nothing.
+        let p = Plan {
+            env_overrides: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+            ..Default::default()
+        };
+        let a = render(&cfg(), &p, &ctr(&[], &["/run/gpufence"])).unwrap();
+        assert!(a.mounts.is_empty());
+        assert_eq!(a.env.len(), 1);
+        assert_eq!(a.linux, None);
+        assert_eq!(a.hooks, None);
+    }
+
+    #[test]
+    fn hooks_ld_cache_first_then_the_plan_s() {
+        let a = render(&cfg(), &gpu_plan(), &ctr(&[], &[])).unwrap();
+        let h = a.hooks.unwrap();
+        assert_eq!(h.create_container.len(), 1);
+        let ld = &h.create_container[0];
+        assert_eq!(ld.path, "/usr/bin/gpufence");
+        assert_eq!(
+            ld.args,
+            vec![
+                "gpufence",
+                "hook",
+                "update-ldcache",
+                "--folder",
+                "/usr/lib/x86_64-linux-gnu"
+            ]
+        );
+        assert_eq!(ld.env, vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]);
+        assert_eq!(ld.timeout, Some(OptionalInt { value: 10 }));
+        assert_eq!(h.create_runtime.len(), 1);
+        assert_eq!(h.create_runtime[0].args[2], "memory-limits");
+        assert_eq!(h.create_runtime[0].timeout, Some(OptionalInt { value: 5 }));
+        // No ld cache in the plan: no refresh hook.
+        let mut p = gpu_plan();
+        p.ld_cache = None;
+        let h = render(&cfg(), &p, &ctr(&[], &[])).unwrap().hooks.unwrap();
+        assert!(h.create_container.is_empty());
+        p.edits.hooks[0].hook_name = "bogus".into();
+        assert_eq!(
+            render(&cfg(), &p, &ctr(&[], &[])).unwrap_err(),
+            AdjustError::HookStage("bogus".into())
+        );
+    }
+
+    #[test]
+    fn supplementary_groups_are_refused() {
+        let mut p = gpu_plan();
+        p.edits.additional_gids = vec![44];
+        assert_eq!(
+            render(&cfg(), &p, &ctr(&[], &[])).unwrap_err(),
+            AdjustError::Groups(vec![44])
+        );
+    }
+}

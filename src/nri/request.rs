@@ -1,0 +1,290 @@
+//! The request the plan's front door reads ([`Inputs`]), built from what NRI says of a container
+//! being created — the NRI counterpart of [`Inputs::from_spec`].
+//!
+//! * **Annotations**: the pod's, overlaid by the container's, as CRI does. NRI's
+//!   `PodSandbox.annotations` carries *every* pod annotation, while a runtime handler only sees
+//!   those containerd's `pod_annotations` allow-list passes into the spec; so only pod keys
+//!   matching [`ANNOTATION_ALLOW_LIST`] (the list `gpufence runtime configure` writes, matched
+//!   like containerd's `filepath.Match`) are taken from the pod. The container's own annotations
+//!   are its spec's (containerd already filtered them).
+//! * **Pod identity** (which kubelet record is this container's): from NRI's own `pod.uid`,
+//!   `pod.namespace`, `pod.name` and `ctr.name`, never from an annotation. Any CRI identity
+//!   annotation present must agree with them (else the container is refused: a pod naming
+//!   another pod's UID is forging its kubelet record), and containerd's keys are then set from
+//!   them.
+//! * **Env** `ctr.env`; **mounts** `ctr.mounts`; **user namespace** from `linux.namespaces`.
+//!   NRI gives no root path (the NRI applier does not need one).
+
+use std::collections::BTreeMap;
+
+use super::api::{Container, PodSandbox};
+use crate::allocation::input::Inputs;
+use crate::kubelet::{
+    CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID, CRIO_CONTAINER_NAME, CRIO_POD_UID,
+};
+use crate::runtime::configure::ANNOTATION_ALLOW_LIST;
+
+/// containerd's and CRI-O's namespace and pod-name annotations.
+const NAMESPACE_KEYS: [&str; 2] = [
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+const POD_NAME_KEYS: [&str; 2] = ["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+
+/// Why the request could not be read. One line, naming the annotation at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error(
+        "annotation {key}={value:?} disagrees with the runtime's {what} {actual:?} (an identity \
+         annotation cannot name another pod or container)"
+    )]
+    Identity {
+        key: &'static str,
+        value: String,
+        what: &'static str,
+        actual: String,
+    },
+}
+
+/// containerd's `filepath.Match` for the allow-list's patterns: `*` matches any run of
+/// characters other than `/`; everything else matches itself.
+pub fn pattern_matches(pattern: &str, key: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == key,
+        Some((head, tail)) => {
+            let Some(rest) = key.strip_prefix(head) else {
+                return false;
+            };
+            // `*` takes 0..n non-'/' characters; try each split (patterns are short).
+            let mut end = 0;
+            loop {
+                if pattern_matches(tail, &rest[end..]) {
+                    return true;
+                }
+                match rest[end..].chars().next() {
+                    Some(c) if c != '/' => end += c.len_utf8(),
+                    _ => return false,
+                }
+            }
+        }
+    }
+}
+
+/// Whether a pod annotation reaches the request (the allow-list).
+pub fn pod_key_allowed(key: &str) -> bool {
+    ANNOTATION_ALLOW_LIST
+        .iter()
+        .any(|p| pattern_matches(p, key))
+}
+
+/// The request for container `ctr` of pod `pod`.
+pub fn inputs(pod: &PodSandbox, ctr: &Container) -> Result<Inputs, RequestError> {
+    let mut annotations: BTreeMap<String, String> = pod
+        .annotations
+        .iter()
+        .filter(|(k, _)| pod_key_allowed(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(ctr.annotations.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .collect();
+    let identity: [(&[&'static str], &'static str, &str); 4] = [
+        (&[CONTAINERD_POD_UID, CRIO_POD_UID], "pod UID", &pod.uid),
+        (
+            &[CONTAINERD_CONTAINER_NAME, CRIO_CONTAINER_NAME],
+            "container name",
+            &ctr.name,
+        ),
+        (&NAMESPACE_KEYS, "pod namespace", &pod.namespace),
+        (&POD_NAME_KEYS, "pod name", &pod.name),
+    ];
+    for (keys, what, actual) in identity {
+        for key in keys {
+            if let Some(v) = annotations.get(*key)
+                && v != actual
+            {
+                return Err(RequestError::Identity {
+                    key,
+                    value: crate::text::short(v),
+                    what,
+                    actual: actual.to_string(),
+                });
+            }
+        }
+    }
+    // containerd's keys from NRI's own identity: the pod UID and container name together (a
+    // CRI container has both; a container NRI knows no pod UID for names no kubelet record),
+    // namespace and pod name where known (for messages and `gpufence ps`).
+    let whole = !pod.uid.is_empty() && !ctr.name.is_empty();
+    for (i, (keys, _, actual)) in identity.into_iter().enumerate() {
+        if !actual.is_empty() && (i >= 2 || whole) {
+            annotations.insert(keys[0].to_string(), actual.to_string());
+        }
+    }
+    let env = ctr
+        .env
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mounts = ctr
+        .mounts
+        .iter()
+        .map(|m| (m.destination.clone(), m.source.clone()))
+        .collect();
+    let user_namespace = ctr
+        .linux
+        .as_ref()
+        .is_some_and(|l| l.namespaces.iter().any(|n| n.r#type == "user"));
+    Ok(Inputs {
+        annotations,
+        env,
+        mounts,
+        user_namespace,
+        root_path: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::PodIdentity;
+    use crate::nri::api::{LinuxContainer, LinuxNamespace, Mount};
+
+    fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn pod(ann: &[(&str, &str)]) -> PodSandbox {
+        PodSandbox {
+            uid: "uid-1".into(),
+            name: "trainer".into(),
+            namespace: "team-a".into(),
+            annotations: map(ann),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(ann: &[(&str, &str)]) -> Container {
+        Container {
+            id: "c1".into(),
+            name: "app".into(),
+            annotations: map(ann),
+            env: vec!["PATH=/bin".into(), "A=1=2".into(), "NOEQ".into()],
+            mounts: vec![Mount {
+                destination: "/d".into(),
+                source: "/s".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn patterns_match_like_containerd() {
+        assert!(pattern_matches("gpufence.dev/*", "gpufence.dev/devices"));
+        assert!(pattern_matches("gpufence.dev/*", "gpufence.dev/"));
+        assert!(!pattern_matches("gpufence.dev/*", "gpufence.dev/a/b"));
+        assert!(!pattern_matches("gpufence.dev/*", "xgpufence.dev/devices"));
+        assert!(pattern_matches(
+            "ALIYUN_COM_GPU_MEM_*",
+            "ALIYUN_COM_GPU_MEM_POD"
+        ));
+        assert!(pattern_matches(
+            "aliyun.com/gpu-count",
+            "aliyun.com/gpu-count"
+        ));
+        assert!(!pattern_matches(
+            "aliyun.com/gpu-count",
+            "aliyun.com/gpu-count2"
+        ));
+        assert!(pattern_matches("a*b*c", "aXXbYc"));
+        assert!(!pattern_matches("a*b", "a/b"));
+    }
+
+    #[test]
+    fn only_allow_listed_pod_annotations_and_the_container_s_win() {
+        let p = pod(&[
+            ("gpufence.dev/devices", "1"),
+            ("gpufence.dev/memory", "4Gi"),
+            ("io.kubernetes.cri.container-type", "sandbox"),
+            ("unrelated.example/key", "x"),
+        ]);
+        let c = ctr(&[
+            ("gpufence.dev/memory", "2Gi"),
+            ("io.kubernetes.cri.container-type", "container"),
+        ]);
+        let i = inputs(&p, &c).unwrap();
+        assert_eq!(i.annotations["gpufence.dev/devices"], "1");
+        assert_eq!(i.annotations["gpufence.dev/memory"], "2Gi");
+        assert_eq!(
+            i.annotations["io.kubernetes.cri.container-type"],
+            "container"
+        );
+        assert!(!i.annotations.contains_key("unrelated.example/key"));
+        assert_eq!(i.sandbox_kind(), None);
+        assert_eq!(
+            i.env,
+            vec![
+                ("PATH".to_string(), "/bin".to_string()),
+                ("A".to_string(), "1=2".to_string())
+            ]
+        );
+        assert_eq!(i.mounts, vec![("/d".to_string(), "/s".to_string())]);
+        assert!(!i.user_namespace);
+        assert_eq!(i.root_path, None);
+    }
+
+    #[test]
+    fn the_pod_identity_is_nri_s_own() {
+        let i = inputs(&pod(&[]), &ctr(&[])).unwrap();
+        let id = PodIdentity::from_annotations(&i.annotations)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (id.pod_uid.as_str(), id.container_name.as_str()),
+            ("uid-1", "app")
+        );
+        assert_eq!(id.pod.as_deref(), Some("team-a/trainer"));
+        // What containerd writes itself agrees: accepted.
+        let c = ctr(&[
+            (CONTAINERD_POD_UID, "uid-1"),
+            (CONTAINERD_CONTAINER_NAME, "app"),
+        ]);
+        inputs(&pod(&[]), &c).unwrap();
+        // Another pod's UID or another container's name in any identity key: refused.
+        for (k, v) in [
+            (CONTAINERD_POD_UID, "victim-uid"),
+            (CRIO_POD_UID, "victim-uid"),
+            (CONTAINERD_CONTAINER_NAME, "other"),
+            (CRIO_CONTAINER_NAME, "other"),
+            ("io.kubernetes.pod.namespace", "kube-system"),
+        ] {
+            let e = inputs(&pod(&[]), &ctr(&[(k, v)])).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("annotation {k}=")), "{e}");
+        }
+        // A pod annotation of an identity key never reaches the request (not allow-listed).
+        let p = pod(&[(CONTAINERD_POD_UID, "victim-uid")]);
+        let i = inputs(&p, &ctr(&[])).unwrap();
+        assert_eq!(i.annotations[CONTAINERD_POD_UID], "uid-1");
+    }
+
+    #[test]
+    fn user_namespace_from_linux_namespaces() {
+        let mut c = ctr(&[]);
+        c.linux = Some(LinuxContainer {
+            namespaces: vec![
+                LinuxNamespace {
+                    r#type: "mount".into(),
+                    path: String::new(),
+                },
+                LinuxNamespace {
+                    r#type: "user".into(),
+                    path: String::new(),
+                },
+            ],
+            ..Default::default()
+        });
+        assert!(inputs(&pod(&[]), &c).unwrap().user_namespace);
+    }
+}
