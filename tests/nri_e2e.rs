@@ -7,14 +7,22 @@
 //!   the plugin restarts and after containerd restarts it registers again and keeps serving.
 //!   Without the plugin (and without a validator) NRI creates containers unadjusted.
 //! * The `gpufence nri` binary with NRI's default validator requiring `gpufence`: without the
-//!   plugin every container is refused; with it a pod without GPU runs untouched and a pod
-//!   asking for a GPU is refused (phase 1: the plan is not rendered yet); a killed plugin leaves
-//!   containers refused, not unfenced.
+//!   plugin every container is refused; with it a pod without GPU runs untouched and an invalid
+//!   allocation is refused with its one-line reason; a killed plugin leaves containers refused,
+//!   not unfenced.
+//! * The plan enforced through NRI (`nri_enforces_the_plan`): kubelet's record grants GPU 1 and
+//!   the pod gets exactly GPU 1 (ENXIO), the other GPU's node absent, a hand-made node EPERM,
+//!   the quota read-only and held by the shim (mock CUDA client through the ld-cache hook); a
+//!   forged annotation is refused; a pod without GPU is untouched; the plugin restarted while a
+//!   GPU pod runs leaves it fenced and fences the next; every container's state is cleaned on
+//!   removal.
 //! * The pre-registered variant: containerd starts `/opt/nri/plugins/NN-gpufence` itself and
 //!   hands it the connection (`NRI_PLUGIN_SOCKET`).
 
 mod common;
 mod cri_support;
+#[path = "fixtures/cuda_harness.rs"]
+mod harness;
 mod runtime_support;
 
 use std::path::{Path, PathBuf};
@@ -523,11 +531,13 @@ fn nri_default_validator_refuses_without_gpufence_and_the_binary_serves() {
         (Some("done"), Some("ran\n0\n")),
         "{r}"
     );
-    let gpu = serde_json::json!({"pod_annotations": {"gpufence.dev/devices": "1"}});
-    let r = pod(&py, &c, &s, "gpu", probe, gpu.clone());
+    // An invalid allocation: the one-line reason reaches the CRI client.
+    let bad = serde_json::json!({"pod_annotations": {"gpufence.dev/devices": "5"}});
+    let r = pod(&py, &c, &s, "bad-gpu", probe, bad);
     assert_eq!(r["stage"], "create_container", "{r}");
     let err = r["error"].as_str().unwrap();
-    assert!(err.contains("plan rendering not built yet"), "{r}");
+    assert!(err.contains("gpufence.dev/devices"), "{r}");
+    let gpu = serde_json::json!({"pod_annotations": {"gpufence.dev/devices": "1"}});
 
     // The plugin crashes: containers are refused again, never created unfenced.
     drop(p);
@@ -633,4 +643,221 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
         PROBE,
         serde_json::json!({}),
     ));
+}
+
+/// kubelet's record of one GPU for container `app` of each pod (UID `<pod>-uid`, as
+/// tests/cri/cri_client.py creates pods): what NVIDIA's device plugin returned from Allocate.
+fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
+    use gpufence::kubelet;
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    let entries = pods
+        .iter()
+        .map(|p| {
+            kubelet::entry(
+                &format!("{p}-uid"),
+                "app",
+                "nvidia.com/gpu",
+                &[gpu1.as_str()],
+                kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", gpu1.as_str())], &[]),
+            )
+        })
+        .collect();
+    std::fs::write(checkpoint, kubelet::checkpoint_json(entries)).unwrap();
+}
+
+/// Container directories left in the state dir (the inventory cache and counters are files).
+fn state_dirs(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device
+/// plugin's env, `memory` of quota.
+fn gpu1_request(memory: &str, image: &str) -> serde_json::Value {
+    serde_json::json!({
+        "pod_annotations": {"gpufence.dev/devices": "1", "gpufence.dev/memory": memory},
+        "envs": {"NVIDIA_VISIBLE_DEVICES": gpufence::sim::gpu_uuid(1)},
+        "image": image,
+    })
+}
+
+fn assert_fenced_to_gpu1(r: &serde_json::Value, quota: u64) {
+    use runtime_support::facts;
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = facts(r["log"].as_str().unwrap());
+    assert_eq!(f["gpu1"], "ENXIO", "{r}");
+    assert_eq!(f["gpu0"], "ABSENT", "{r}");
+    assert_eq!(f["mknod0"], "EPERM", "{r}");
+    assert_eq!(f["ctl"], "ENXIO", "{r}");
+    assert_eq!(f["quota_mem"], quota.to_string(), "{r}");
+    assert_eq!(f["quota_uuid"], gpufence::sim::gpu_uuid(1), "{r}");
+    assert_eq!(f["quota_write"], "DENIED", "{r}");
+    assert_eq!(f["preload"], "/usr/lib/gpufence/libgpufence.so", "{r}");
+    assert_eq!(f["env_mem"], quota.to_string(), "{r}");
+    assert_eq!(f["env_state"], "/run/gpufence", "{r}");
+    assert_eq!(f["lib_write"], "DENIED", "{r}");
+}
+
+#[test]
+fn nri_enforces_the_plan() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    if common::skip_unless(&["gcc"]) {
+        return;
+    }
+    let s = common::scratch("nri-plan");
+    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    checkpoint_granting_gpu1(&checkpoint, &["gpu-pod", "shim-pod", "long-pod", "new-pod"]);
+    let node = runtime_support::node(
+        &s,
+        2,
+        &[(
+            "kubelet.checkpoint",
+            toml_edit::value(checkpoint.display().to_string()),
+        )],
+    );
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &["gpufence"]);
+    let c = start_containerd(&bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    // A glibc image with the mock CUDA client (tests/fixtures/cuda_client.c).
+    let rootfs = common::glibc_rootfs(&s.join("image-src-cuda"));
+    let ubin = rootfs.join("usr/local/bin");
+    std::fs::create_dir_all(&ubin).unwrap();
+    std::fs::copy(&harness::clients().0, ubin.join("cuda_client")).unwrap();
+    cri_support::import_rootfs(
+        &s,
+        &c,
+        "cuda",
+        &rootfs,
+        &["PATH=/bin:/usr/bin:/usr/local/bin"],
+    );
+
+    let nri_sock = cdir.join("nri.sock");
+    let nri_log = s.join("nri.stderr");
+    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    wait_registered(&node.log, 1);
+    let probe = runtime_support::PROBE;
+
+    // kubelet's record grants GPU 1: exactly GPU 1, the quota, the shim preloaded.
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "gpu-pod",
+        probe,
+        gpu1_request("2Gi", "localhost/pause:test"),
+    );
+    assert_fenced_to_gpu1(&r, 2 << 30);
+
+    // The shim holds the quota: the mock CUDA client, found through the ld cache the
+    // createContainer hook refreshed, is held to 100 MiB.
+    let quota = 100u64 << 20;
+    let script = "C=/usr/local/bin/cuda_client; $C dlsym where info fill 1048576 free; echo done";
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "shim-pod",
+        script,
+        gpu1_request("100Mi", "localhost/cuda:test"),
+    );
+    assert_eq!(r["stage"], "done", "{r}");
+    let out = r["log"].as_str().unwrap();
+    assert!(out.contains("where cuMemAlloc_v2 libgpufence.so"), "{out}");
+    assert_eq!(
+        harness::field(out, "info"),
+        vec![quota.to_string(); 2],
+        "{out}"
+    );
+    assert_eq!(
+        harness::lines(out, "fill"),
+        vec![format!("fill {quota}")],
+        "{out}"
+    );
+
+    // A forged annotation (no GPU resource, so no record): refused, the reason in the CRI error.
+    let forged = serde_json::json!({"pod_annotations": {"gpufence.dev/devices": "all"}});
+    let r = pod(&py, &c, &s, "forged-pod", probe, forged);
+    assert_eq!(r["stage"], "create_container", "{r}");
+    let err = r["error"].as_str().unwrap();
+    assert!(err.contains("gpufence.dev/devices"), "{r}");
+
+    // A pod without GPU: untouched.
+    let r = pod(&py, &c, &s, "plain-pod", probe, serde_json::json!({}));
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = runtime_support::facts(r["log"].as_str().unwrap());
+    for k in ["gpu0", "gpu1", "ctl", "uvm"] {
+        assert_eq!(f[k], "ABSENT", "{k}: {r}");
+    }
+    assert_eq!(
+        (f["preload"].as_str(), f["env_mem"].as_str()),
+        ("", ""),
+        "{r}"
+    );
+
+    // The plugin restarted while a GPU pod runs: the pod stays fenced, the next pod is fenced.
+    let long = format!("sleep 4\n{probe}");
+    let (py2, sock, s2) = (py.clone(), c.sock.clone(), s.clone());
+    let running = std::thread::spawn(move || {
+        let mut req = serde_json::json!({
+            "socket": sock, "handler": "", "dir": s2, "name": "long-pod",
+            "command": ["/bin/sh", "-c", long], "timeout": 30,
+        });
+        for (k, v) in gpu1_request("3Gi", "localhost/pause:test")
+            .as_object()
+            .unwrap()
+        {
+            req[k] = v.clone();
+        }
+        cri_support::client(&py2, &req)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_dirs(&node.state_dir).is_empty() {
+        assert!(Instant::now() < deadline, "long-pod not created");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(plugin);
+    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    wait_registered(&node.log, 2);
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "new-pod",
+        probe,
+        gpu1_request("1Gi", "localhost/pause:test"),
+    );
+    assert_fenced_to_gpu1(&r, 1 << 30);
+    assert_fenced_to_gpu1(&running.join().unwrap(), 3 << 30);
+
+    // Every container's state went with its removal; every refusal was counted.
+    assert_eq!(state_dirs(&node.state_dir), Vec::<PathBuf>::new());
+    let refusals = gpufence::status::refusals::read(&node.state_dir);
+    assert!(
+        refusals
+            .iter()
+            .any(|(r, n)| r.as_str() == "allocation" && *n >= 1),
+        "{refusals:?}"
+    );
+    // The decision is well inside NRI's timeout (one line per container in the log).
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    let slowest = log
+        .lines()
+        .filter(|l| l.contains("NRI: adjustment"))
+        .filter_map(|l| l.split("decision_us=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .max()
+        .unwrap();
+    eprintln!("slowest NRI decision: {slowest} us");
+    assert!(slowest < 500_000, "{slowest} us");
+    drop(plugin);
 }

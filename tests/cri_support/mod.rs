@@ -95,6 +95,12 @@ pub fn import_image(s: &Path, c: &Containerd) {
 /// containerd.
 pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
     let rootfs = common::busybox_rootfs(&s.join(format!("image-src-{name}")));
+    import_rootfs(s, c, name, &rootfs, env);
+}
+
+/// The directory `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into
+/// containerd.
+pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &[&str]) {
     let img = s.join(format!("img-{name}"));
     let ub = s.join(format!("img-bundle-{name}"));
     let sh = |args: &[&str]| {
