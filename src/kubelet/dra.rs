@@ -230,7 +230,7 @@ impl DraState {
                 Problem::Format(one_line(&e.to_string()))
             }
         })?;
-        let computed = crc32fast::hash(file.data.as_bytes());
+        let computed = checksum(&file.data);
         if u64::from(computed) != file.checksum {
             return Err(Problem::Checksum {
                 recorded: file.checksum,
@@ -306,16 +306,12 @@ impl DraState {
 
     /// The file as kubelet writes it, with the recorded checksum (tests, demo, fixtures).
     pub fn to_json(&self) -> String {
-        format!(
-            "{{\"Data\":{},\"Checksum\":{}}}",
-            go_json_quote(&self.render_data()),
-            self.checksum
-        )
+        file_json(&self.render_data(), self.checksum)
     }
 
     /// Set `checksum` to the one kubelet computes for this content.
     pub fn seal(mut self) -> DraState {
-        self.checksum = crc32fast::hash(self.render_data().as_bytes());
+        self.checksum = checksum(&self.render_data());
         self
     }
 
@@ -427,6 +423,19 @@ fn cdi_id_ok(id: &str) -> bool {
         && !name.contains('=')
         && !name.contains('/')
         && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// kubelet's checksum of a `Data` string: Go's `crc32.ChecksumIEEE` of its bytes.
+pub fn checksum(data: &str) -> u32 {
+    crc32fast::hash(data.as_bytes())
+}
+
+/// A file as kubelet writes it around `data` with this checksum (tests, fixtures, fuzzing).
+pub fn file_json(data: &str, checksum: u32) -> String {
+    format!(
+        "{{\"Data\":{},\"Checksum\":{checksum}}}",
+        go_json_quote(data)
+    )
 }
 
 /// Read and verify kubelet's DRA state at `path` (the edge).
@@ -1038,11 +1047,7 @@ mod tests {
 
     /// A file whose Data is `data` with a correct checksum (to reach the checks after it).
     fn sealed(data: &str) -> String {
-        format!(
-            "{{\"Data\":{},\"Checksum\":{}}}",
-            go_json_quote(data),
-            crc32fast::hash(data.as_bytes())
-        )
+        file_json(data, checksum(data))
     }
 
     #[test]
