@@ -182,10 +182,12 @@ impl Claim {
 
     /// The CDI device ids kubelet gives a container that names `request` of this claim
     /// (`resources.claims[].request`): those of devices recorded for that request, for one of
-    /// its subrequests (`request/sub`, prioritized lists), or for no request in particular.
+    /// its subrequests (`request/sub`, prioritized lists), or for no request in particular; an
+    /// empty `request` (the container names the whole claim) gets them all, as in kubelet.
     /// Sorted, without repeats.
     pub fn cdi_ids_for_request(&self, request: &str) -> Vec<&str> {
         let serves = |d: &Device| match &d.request_names {
+            _ if request.is_empty() => true,
             None => true,
             Some(names) if names.is_empty() => true,
             Some(names) => names.iter().any(|n| {
@@ -944,6 +946,9 @@ mod tests {
             assert_eq!(shared.label(), "team-a/c2");
             // "big" is served by gpu-2 (subrequest big/mig) and by gpu-3 (no request named).
             assert_eq!(shared.cdi_ids_for_request("big").len(), 3);
+            // The whole claim (no request named in the container): every device.
+            assert_eq!(shared.cdi_ids_for_request(""), shared.cdi_ids());
+            assert_eq!(shared.cdi_ids().len(), 3);
             // "bi" is not "big"; "other" gets only the device recorded for no request.
             for r in ["bi", "other", "big/mi"] {
                 assert_eq!(
