@@ -229,7 +229,7 @@ impl DraState {
             if is_old_format(text) {
                 Problem::OldFormat
             } else {
-                Problem::Format(one_line(&e.to_string()))
+                Problem::Format(one_line_max(&e.to_string(), 240))
             }
         })?;
         let computed = checksum(&file.data);
@@ -240,7 +240,7 @@ impl DraState {
             });
         }
         let head: Head = serde_json::from_str(&file.data)
-            .map_err(|e| Problem::Format(format!("Data: {}", one_line(&e.to_string()))))?;
+            .map_err(|e| Problem::Format(format!("Data: {}", one_line_max(&e.to_string(), 240))))?;
         if head.kind.as_deref() != Some(KIND) {
             return Err(Problem::Kind(shown(head.kind.as_deref())));
         }
@@ -248,7 +248,7 @@ impl DraState {
             return Err(Problem::ApiVersion(shown(head.api_version.as_deref())));
         }
         let data: RawData = serde_json::from_str(&file.data)
-            .map_err(|e| Problem::Format(format!("Data: {}", one_line(&e.to_string()))))?;
+            .map_err(|e| Problem::Format(format!("Data: {}", one_line_max(&e.to_string(), 240))))?;
         let (list_key, raw) = match (data.entries, data.claim_info_state_list) {
             (Some(_), Some(_)) => return Err(Problem::TwoLists),
             (None, None) => return Err(Problem::NoList),
@@ -324,7 +324,7 @@ impl DraState {
         for c in self.claims() {
             let bad = |what: String| Problem::Claim {
                 claim: one_line(&format!("{}/{} ({})", c.namespace, c.name, c.uid)),
-                what,
+                what: one_line_max(&what, 240),
             };
             for (field, v) in [
                 ("ClaimUID", &c.uid),
@@ -459,12 +459,11 @@ pub fn load(path: &Path) -> Result<DraState, DraError> {
     Ok(state)
 }
 
-/// A message made one line and bounded: control characters escaped, at most 200 characters.
-fn one_line(s: &str) -> String {
-    const MAX: usize = 200;
+/// A message made one line and bounded: control characters escaped, at most `max` characters.
+fn one_line_max(s: &str, max: usize) -> String {
     let mut out = String::new();
     for (n, c) in s.chars().enumerate() {
-        if n == MAX {
+        if n == max {
             out.push('…');
             break;
         }
@@ -475,6 +474,11 @@ fn one_line(s: &str) -> String {
         }
     }
     out
+}
+
+/// [`one_line_max`] at 120 characters: a value, or a clause quoting values.
+fn one_line(s: &str) -> String {
+    one_line_max(s, 120)
 }
 
 /// A `kind`/`apiVersion` value for a message.
