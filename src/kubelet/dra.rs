@@ -16,7 +16,8 @@
 //! differently-cased keys, a missing field, a `kind`/`apiVersion` other than kubelet's, two claims
 //! with one UID or one name, an empty UID or name, a control character in any string, a
 //! malformed CDI device id are all refused, so that what is believed is exactly what kubelet
-//! wrote. The pre-1.31 format (`{"version":"v1","entries":[…],"checksum":N}`, FNV-32a over a
+//! wrote. `Data` need not be byte-canonical (key order, spaces, escapes): the checksum covers
+//! its bytes as written, and the strict parser its meaning. The pre-1.31 format (`{"version":"v1","entries":[…],"checksum":N}`, FNV-32a over a
 //! go-spew dump) is recognised and refused ([`Problem::OldFormat`]).
 //!
 //! [`load`] is the edge (I/O, through [`super::source::read_checkpoint`]: no symlink, regular
@@ -1202,6 +1203,24 @@ mod tests {
             .render_data()
             .replacen("\"ShareID\":null,", "", 1);
         assert_eq!(refused(mixed), Problem::MixedShareId);
+    }
+
+    /// Found by the dra_state fuzz target: a Data string that is not byte for byte what Go
+    /// writes (a literal `&`, keys in another order, spaces) is accepted for its meaning, its
+    /// checksum being that of its own bytes; written back, it takes Go's form and a new checksum.
+    #[test]
+    fn non_canonical_data_is_read_for_its_meaning() {
+        let s = nvidia_state(SHAPES[0]);
+        let data = s
+            .render_data()
+            .replacen("\"kind\":\"DRACheckpoint\",", "", 1)
+            .replacen("{", "{ \"kind\" : \"DRACheckpoint\",", 1)
+            .replacen("team-a", "team\\u002da", 1);
+        assert_ne!(data, s.render_data());
+        let back = DraState::parse(sealed(&data).as_bytes()).unwrap();
+        assert_eq!(back.checksum, checksum(&data));
+        assert_eq!(back.clone().seal(), s);
+        assert_eq!(back.claims, s.claims);
     }
 
     #[test]
