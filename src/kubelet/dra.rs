@@ -460,11 +460,13 @@ pub fn load(path: &Path) -> Result<DraState, DraError> {
     Ok(state)
 }
 
-/// A message made one line and bounded: control characters escaped, at most `max` characters.
+/// A message made one line and bounded: control characters escaped, at most `max` bytes (and
+/// one character) of it kept.
 fn one_line_max(s: &str, max: usize) -> String {
     let mut out = String::new();
-    for (n, c) in s.chars().enumerate() {
-        if n == max {
+    for c in s.chars() {
+        // Counted on what is written: an escaped control character takes up to 10 bytes.
+        if out.len() >= max {
             out.push('…');
             break;
         }
@@ -1235,6 +1237,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!key.contains('\n') && key.contains("a\\nb"), "{key}");
+        // Found by the dra_state fuzz target: escapes counted where they are written.
+        let dels = format!("{{\"Data\":\"\",\"{}\":1}}", "\u{7f}".repeat(300));
+        let line = DraState::parse(dels.as_bytes()).unwrap_err().to_string();
+        assert!(line.chars().count() < 300, "{line}");
     }
 
     #[test]
