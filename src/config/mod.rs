@@ -213,16 +213,22 @@ impl TrustEnv {
 pub struct KubeletConfig {
     /// kubelet's device-manager checkpoint.
     pub checkpoint: PathBuf,
+    /// kubelet's DRA state (claims, their pods and CDI device ids).
+    pub dra_checkpoint: PathBuf,
 }
 
 /// Where kubelet (default `--root-dir`) writes its device-manager checkpoint.
 pub const DEFAULT_KUBELET_CHECKPOINT: &str =
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
+/// Where kubelet (default `--root-dir`) writes its DRA state (`kubelet.dra-checkpoint`).
+pub const DEFAULT_KUBELET_DRA_CHECKPOINT: &str = "/var/lib/kubelet/dra_manager_state";
+
 impl Default for KubeletConfig {
     fn default() -> Self {
         KubeletConfig {
             checkpoint: PathBuf::from(DEFAULT_KUBELET_CHECKPOINT),
+            dra_checkpoint: PathBuf::from(DEFAULT_KUBELET_DRA_CHECKPOINT),
         }
     }
 }
@@ -420,6 +426,7 @@ impl Config {
             ("gpufence-binary", &self.gpufence_binary),
             ("shim.library", &self.shim.library),
             ("kubelet.checkpoint", &self.kubelet.checkpoint),
+            ("kubelet.dra-checkpoint", &self.kubelet.dra_checkpoint),
             ("runtime.driver-folders", &self.runtime.driver_folders),
         ] {
             if !p.is_absolute() {
@@ -553,6 +560,17 @@ inventory = 60
         assert!(c.allocation.trust_env.is_kubelet());
         assert!(!c.allocation.honours(Dialect::Hami));
         assert_eq!(c.kubelet.checkpoint, PathBuf::from("/k/cp"));
+        assert_eq!(
+            c.kubelet.dra_checkpoint,
+            PathBuf::from("/var/lib/kubelet/dra_manager_state")
+        );
+        let c =
+            Config::from_toml("[kubelet]\ndra-checkpoint = \"/k/dra\"\n", Path::new("x")).unwrap();
+        assert_eq!(c.kubelet.dra_checkpoint, PathBuf::from("/k/dra"));
+        for bad in ["dra-checkpoint = \"k/dra\"", "dra_checkpoint = \"/k/dra\""] {
+            let t = format!("[kubelet]\n{bad}\n");
+            assert!(Config::from_toml(&t, Path::new("x")).is_err(), "{bad}");
+        }
         for bad in ["\"kubelets\"", "\"true\"", "1"] {
             let t = format!("[allocation]\ntrust-env = {bad}\n");
             assert!(Config::from_toml(&t, Path::new("x")).is_err(), "{bad}");

@@ -27,10 +27,17 @@ pub struct Args {
     /// `kubelet.checkpoint` key), e.g. a copy taken from the node.
     #[arg(long = "kubelet-checkpoint", value_name = "FILE")]
     pub kubelet_checkpoint: Option<PathBuf>,
+    /// kubelet's DRA state to explain the decision with (default: the `kubelet.dra-checkpoint`
+    /// key), e.g. a copy taken from the node.
+    #[arg(long = "dra-checkpoint", value_name = "FILE")]
+    pub dra_checkpoint: Option<PathBuf>,
 }
 
 pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
-    let cfg = Config::load(config)?;
+    let mut cfg = Config::load(config)?;
+    if let Some(p) = &args.dra_checkpoint {
+        cfg.kubelet.dra_checkpoint = p.clone();
+    }
     crate::logging::init(&cfg);
     let config_json = args.bundle.join("config.json");
     let text = std::fs::read_to_string(&config_json)
