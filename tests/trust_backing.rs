@@ -19,6 +19,9 @@ use gpufence::kubelet::{
 };
 use gpufence::plan::Plan;
 
+/// Key/value pairs (annotations, or mount destination and source).
+type Pairs<'a> = Vec<(&'a str, &'a str)>;
+
 const POD: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
 fn ann_of(kv: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -121,7 +124,7 @@ fn no_annotation_in_any_dialect_grants_an_unrecorded_gpu() {
     let u0 = uuid(0);
     let hami = format!("{u0},NVIDIA,1000,10:;");
     let mount = format!("/var/run/nvidia-container-devices/{u0}");
-    let cases: Vec<(Vec<(&str, &str)>, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<(Pairs, Pairs, &str)> = vec![
         (
             vec![("gpufence.dev/devices", "all")],
             vec![],
