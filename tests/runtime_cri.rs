@@ -121,6 +121,11 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
+    // It says what the allow-listed pod annotations are worth on this node.
+    assert!(
+        out.contains("trust mode: allocation.trust-annotations = \"kubelet\""),
+        "{out}"
+    );
     let now = std::fs::read_to_string(&main).unwrap();
     let added: Vec<&str> = now
         .lines()
