@@ -137,6 +137,11 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
+    // It says what the allow-listed pod annotations are worth on this node.
+    assert!(
+        out.contains("trust mode: allocation.trust-annotations = \"kubelet\""),
+        "{out}"
+    );
     let now = std::fs::read_to_string(&main).unwrap();
     let added: Vec<&str> = now
         .lines()
@@ -168,13 +173,27 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     let c = Containerd::started_with(child, sock, &log, PathBuf::from("/usr/bin/ctr"));
     import_image(&s, &c);
 
-    // The pod annotation picks GPU 1.
+    // kubelet's record: the device plugin gave gpu-pod's container GPU 1 (a time-slicing replica
+    // of it); nothing to forged-pod.
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    std::fs::write(
+        &checkpoint,
+        gpufence::kubelet::checkpoint_json(vec![gpufence::kubelet::entry(
+            "gpu-pod-uid",
+            "app",
+            "nvidia.com/gpu",
+            &[&format!("{gpu1}::0")],
+            gpufence::kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", gpu1.as_str())], &[]),
+        )]),
+    )
+    .unwrap();
+    // The pod annotation lowers the recorded GPU 1's memory to 4Gi: exactly GPU 1, 4 GiB quota.
     let r = cri(
         &py,
         &c,
         &s,
         "gpu-pod",
-        serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "2Gi"}),
+        serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "4Gi"}),
     );
     assert_eq!(r["stage"], "done", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
@@ -183,7 +202,28 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     assert_eq!(f["gpu0"], "ABSENT", "{r}");
     assert_eq!(f["mknod0"], "EPERM", "{r}");
     assert_eq!(f["ctl"], "ENXIO", "{r}");
-    assert_eq!(f["quota_mem"], (2u64 << 30).to_string(), "{r}");
+    assert_eq!(f["quota_mem"], (4u64 << 30).to_string(), "{r}");
+    assert_eq!(f["quota_uuid"], gpu1, "{r}");
+
+    // A pod with no GPU resource that writes `gpufence.dev/devices: all` (any pod author can):
+    // refused, the one line in the CRI error naming the key, the value and kubelet's record.
+    let r = cri(
+        &py,
+        &c,
+        &s,
+        "forged-pod",
+        serde_json::json!({"gpufence.dev/devices": "all"}),
+    );
+    assert_eq!(r["stage"], "start_container", "{r}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("gpufence.dev/devices=\"all\"")
+            && e.contains(
+                "is not among what kubelet recorded for container app of pod default/forged-pod"
+            )
+            && e.contains("kubelet recorded: nothing"),
+        "{e}"
+    );
     assert_eq!(f["quota_write"], "DENIED", "{r}");
     assert_eq!(f["preload"], "/usr/lib/gpufence/libgpufence.so", "{r}");
 
@@ -312,7 +352,7 @@ fn kubelet_checkpoint_decides_env(py: &Path, c: &Containerd, s: &Path, checkpoin
     assert_eq!(f["env_nvd"], "void", "{r}");
 
     // No checkpoint on a node with kubelet's directory: the HAMi pod is refused, in one line
-    // naming the file; the annotation-only pods above would still run.
+    // naming the file (as would any pod granted a GPU by annotation, trust-annotations).
     std::fs::remove_file(checkpoint).unwrap();
     let r = cri_with(
         py,

@@ -207,6 +207,68 @@ impl TrustEnv {
     }
 }
 
+/// `allocation.trust-annotations`: `"kubelet"` (the default), `"admission"` or `true`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TrustAnnotations {
+    /// On CRI containers, annotation grants only within kubelet's record for the container
+    /// (device-plugin checkpoint, DRA state).
+    #[default]
+    Kubelet,
+    /// Believed: the operator applied gpufence's admission policy
+    /// (`packaging/k8s/admission-policy.yaml`), so only listed scheduler accounts write them.
+    Admission,
+    /// Believed as written (single-tenant hosts, tests). Written `true`.
+    Believed,
+}
+
+impl Serialize for TrustAnnotations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TrustAnnotations::Kubelet => s.serialize_str("kubelet"),
+            TrustAnnotations::Admission => s.serialize_str("admission"),
+            TrustAnnotations::Believed => s.serialize_bool(true),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TrustAnnotations {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Word(String),
+        }
+        const EXPECTED: &str = "expected \"kubelet\", \"admission\" or true";
+        match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom(format!("trust-annotations: {EXPECTED}")))?
+        {
+            Raw::Bool(true) => Ok(TrustAnnotations::Believed),
+            Raw::Word(w) if w == "kubelet" => Ok(TrustAnnotations::Kubelet),
+            Raw::Word(w) if w == "admission" => Ok(TrustAnnotations::Admission),
+            Raw::Bool(false) => Err(serde::de::Error::custom(format!(
+                "trust-annotations = false is not a mode (annotations are how schedulers speak); \
+                 {EXPECTED}"
+            ))),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "trust-annotations = {:?}: {EXPECTED}",
+                crate::text::short(&w)
+            ))),
+        }
+    }
+}
+
+impl TrustAnnotations {
+    /// The value as written in `config.toml`.
+    pub fn as_toml(self) -> &'static str {
+        match self {
+            TrustAnnotations::Kubelet => "\"kubelet\"",
+            TrustAnnotations::Admission => "\"admission\"",
+            TrustAnnotations::Believed => "true",
+        }
+    }
+}
+
 /// `[kubelet]`: where kubelet keeps what the device plugins allocated. Extension of the contract.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -243,6 +305,8 @@ pub struct AllocationConfig {
     /// Honour allocation annotations of podman (libpod) containers, which podman copies from
     /// the image ([`crate::allocation::libpod`]). Extension of the contract.
     pub trust_libpod_annotations: bool,
+    /// Who may grant GPUs by annotation on a CRI container ([`crate::allocation::backing`]).
+    pub trust_annotations: TrustAnnotations,
 }
 
 impl Default for AllocationConfig {
@@ -251,6 +315,7 @@ impl Default for AllocationConfig {
             dialects: Dialect::ALL.to_vec(),
             trust_env: TrustEnv::default(),
             trust_libpod_annotations: false,
+            trust_annotations: TrustAnnotations::default(),
         }
     }
 }
@@ -577,6 +642,46 @@ inventory = 60
         }
         let c = Config::from_toml("[allocation]\ntrust-env = false\n", Path::new("x")).unwrap();
         assert!(!c.allocation.trust_env.is_kubelet());
+    }
+
+    #[test]
+    fn trust_annotations_kubelet_is_the_default_and_parses() {
+        assert_eq!(
+            Config::default().allocation.trust_annotations,
+            TrustAnnotations::Kubelet
+        );
+        for (text, want) in [
+            ("\"kubelet\"", TrustAnnotations::Kubelet),
+            ("\"admission\"", TrustAnnotations::Admission),
+            ("true", TrustAnnotations::Believed),
+        ] {
+            let t = format!("[allocation]\ntrust-annotations = {text}\n");
+            let c = Config::from_toml(&t, Path::new("x")).unwrap();
+            assert_eq!(c.allocation.trust_annotations, want, "{text}");
+            assert_eq!(want.as_toml(), text);
+            // It writes back as it was read.
+            let back = toml::to_string(&c).unwrap();
+            assert!(
+                back.contains(&format!("trust-annotations = {text}")),
+                "{back}"
+            );
+        }
+        for bad in [
+            "false",
+            "\"true\"",
+            "\"Kubelet\"",
+            "1",
+            "[\"kubelet\"]",
+            "\"\"",
+        ] {
+            let t = format!("[allocation]\ntrust-annotations = {bad}\n");
+            let e = Config::from_toml(&t, Path::new("c.toml")).unwrap_err();
+            let e = e.to_string();
+            assert!(
+                e.contains("c.toml") && e.contains("trust-annotations") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

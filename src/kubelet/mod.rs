@@ -126,6 +126,23 @@ pub struct ContainerRecord {
     pub identity: PodIdentity,
     pub checkpoint: String,
     pub resources: Vec<ResourceGrant>,
+    /// The DRA claims prepared for the container's pod (kubelet's DRA state records claims per
+    /// pod, not per container).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dra_claims: Vec<DraClaimRecord>,
+    /// Why kubelet's DRA state could not be used (`None`: read, or no DRA on this node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_unavailable: Option<String>,
+}
+
+/// One DRA claim prepared for the pod, as kubelet's DRA state records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraClaimRecord {
+    /// `namespace/name`.
+    pub claim: String,
+    /// The CDI device ids the drivers prepared for it (`vendor/class=name`).
+    pub cdi_device_ids: Vec<String>,
 }
 
 impl ContainerRecord {
@@ -213,6 +230,8 @@ fn decode_entries(
         identity: id.clone(),
         checkpoint: path.to_string(),
         resources,
+        dra_claims: Vec::new(),
+        dra_unavailable: None,
     })
 }
 

@@ -156,6 +156,17 @@ fn render_kubelet(s: &mut String, p: &Plan) {
                     env.join(" ")
                 );
             }
+            for c in &r.dra_claims {
+                let _ = writeln!(
+                    s,
+                    "  DRA claim {}: CDI devices {}",
+                    c.claim,
+                    c.cdi_device_ids.join(",")
+                );
+            }
+            if let Some(w) = &r.dra_unavailable {
+                let _ = writeln!(s, "  DRA state cannot be used: {w}");
+            }
         }
     }
     if !p.neutralised.is_empty() {
@@ -210,15 +221,20 @@ fn render_allocation(s: &mut String, p: &Plan) {
             for (i, d) in a.devices.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "  [{i}] {}  memory {}  cores {}",
+                    "  [{i}] {}  memory {}  cores {}  backed by {}",
                     crate::allocation::devices::describe(&d.device, &d.uuid),
                     fmt_mem(d.memory_limit),
                     d.cores
-                        .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
+                        .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%")),
+                    d.backing
                 );
             }
             for f in &a.foreign_cdi {
-                let _ = writeln!(s, "  CDI {} (from {})", f.name, f.spec_path);
+                let _ = writeln!(
+                    s,
+                    "  CDI {} (from {})  backed by {}",
+                    f.name, f.spec_path, f.backing
+                );
             }
             if !a.sources.is_empty() {
                 let _ = writeln!(s, "taken from:");

@@ -28,6 +28,35 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
     "nvidia.com/container.*",
 ];
 
+/// The line `configure` prints about the node's trust mode: what the allow-listed annotations
+/// it passes into containers are worth (`allocation.trust-annotations`, README "Trust model").
+pub fn trust_mode_line(cfg: &crate::config::Config) -> String {
+    use crate::config::TrustAnnotations;
+    let from = cfg
+        .source
+        .as_ref()
+        .map_or_else(|| "default".to_string(), |p| p.display().to_string());
+    let mode = cfg.allocation.trust_annotations;
+    let what = match mode {
+        TrustAnnotations::Kubelet => {
+            "the allow-listed pod annotations grant a GPU only within what kubelet recorded for \
+             the container (device-plugin checkpoint, DRA state)"
+        }
+        TrustAnnotations::Admission => {
+            "the allow-listed pod annotations are believed: apply \
+             packaging/k8s/admission-policy.yaml so that only your scheduler accounts can write them"
+        }
+        TrustAnnotations::Believed => {
+            "the allow-listed pod annotations are believed as written: any pod author can take \
+             any GPU (single-tenant nodes only)"
+        }
+    };
+    format!(
+        "trust mode: allocation.trust-annotations = {} ({from}): {what}",
+        mode.as_toml()
+    )
+}
+
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
@@ -435,6 +464,27 @@ pub fn docker_render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trust_mode_is_named() {
+        use crate::config::{Config, TrustAnnotations};
+        let mut c = Config::default();
+        let l = trust_mode_line(&c);
+        assert!(
+            l.starts_with("trust mode: allocation.trust-annotations = \"kubelet\" (default)"),
+            "{l}"
+        );
+        c.allocation.trust_annotations = TrustAnnotations::Admission;
+        c.source = Some("/etc/gpufence/config.toml".into());
+        let l = trust_mode_line(&c);
+        assert!(
+            l.contains("= \"admission\" (/etc/gpufence/config.toml)")
+                && l.contains("admission-policy.yaml"),
+            "{l}"
+        );
+        c.allocation.trust_annotations = TrustAnnotations::Believed;
+        assert!(trust_mode_line(&c).contains("= true"));
+    }
 
     const V2: &str = r#"# Operator's containerd config — keep me
 version = 2
