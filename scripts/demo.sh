@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: a simulated 4-GPU node, its inventory and CDI spec, and a real
 # container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only;
-# then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, an
+# then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, a
+# forged pod (GPU annotation, no kubelet record) refused, an
 # image-env grab neutralised, and two containers sharing one GPU's time at 30 % and 70 %.
 set -euo pipefail
 
@@ -148,8 +149,14 @@ pod_bundle grab-pod 0b9c-grab-uid main "[\"CUDA_DEVICE_MEMORY_LIMIT_0=80000m\"]"
 GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/grab-pod" grab-pod
 GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete grab-pod 2>/dev/null || true
 echo
+echo "a forged pod: no GPU resource, but its author wrote gpufence.dev/devices: all (any pod author"
+echo "can; allocation.trust-annotations = \"kubelet\" believes annotations only within kubelet's record):"
+pod_bundle forged-pod 5e2f-forged-uid main "[]" "{\"gpufence.dev/devices\": \"all\"}"
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/forged-pod" forged-pod \
+  && { echo "FAIL: the forged pod ran"; exit 1; } || echo "(refused, exit $?)"
+echo
 echo "and with kubelet's checkpoint gone, a pod whose GPU comes from HAMi's env alone is refused"
-echo "in one line (fail closed; annotation and CDI allocations keep working):"
+echo "in one line (fail closed; so is a GPU annotation on a Kubernetes container):"
 rm -f "$cp_file"
 pod_bundle env-pod 7d1e-train-uid main \
   "[\"NVIDIA_VISIBLE_DEVICES=$gpu1\", \"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\", \"CUDA_DEVICE_SM_LIMIT=30\"]" "{}"

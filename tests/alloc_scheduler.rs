@@ -6,7 +6,7 @@ mod alloc_support;
 
 use alloc_support::*;
 use gpufence::allocation::{AllocationError, DeviceRef, Origin};
-use gpufence::config::Config;
+use gpufence::config::{Config, TrustAnnotations};
 use gpufence::kubelet::{self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID};
 use gpufence::plan::Plan;
 
@@ -18,6 +18,14 @@ fn container(ctr: &str, ann: &[(&str, &str)], env: &[&str]) -> serde_json::Value
         vec![(CONTAINERD_POD_UID, POD), (CONTAINERD_CONTAINER_NAME, ctr)];
     a.extend_from_slice(ann);
     spec(&a, env)
+}
+
+/// The default config with `allocation.trust-annotations` set: these tests read the scheduler
+/// annotations as dialects, with no kubelet record behind them.
+fn believing(mode: TrustAnnotations) -> Config {
+    let mut c = config();
+    c.allocation.trust_annotations = mode;
+    c
 }
 
 fn run(
@@ -83,7 +91,12 @@ fn hami_record(entries: &[(&str, u32, u32, u32)]) -> String {
 #[test]
 fn hami_annotation_single_container_without_kubelet() {
     let v = hami_value(&[&[(1, 3000, 30)]]);
-    let mut c = config();
+    // Under "kubelet" (the default), the annotation alone grants nothing: refused.
+    let forged = container("main", &[("hami.io/vgpu-devices-allocated", &v)], &[]);
+    let e = run(&forged, None, &config()).unwrap_err();
+    assert_eq!(e.key, "hami.io/vgpu-devices-allocated", "{e}");
+    assert!(e.why.contains("needs kubelet's record"), "{e}");
+    let mut c = believing(TrustAnnotations::Believed);
     c.allocation.trust_env = gpufence::config::TrustEnv::All(false);
     let p = run(
         &container(
@@ -194,9 +207,13 @@ fn gpushare_annotations() {
         ("ALIYUN_COM_GPU_MEM_ASSIGNED", "false"),
         ("ALIYUN_COM_GPU_MEM_ASSUME_TIME", "1700000000000000000"),
     ];
-    // No kubelet: the pod's amount.
-    let p = run(&container("main", &ann, &[]), None, &config()).unwrap();
+    // No kubelet, annotations believed: the pod's amount.
+    let believed = believing(TrustAnnotations::Believed);
+    let p = run(&container("main", &ann, &[]), None, &believed).unwrap();
     assert_eq!(devices(&p), vec![(1, Some(6 * GIB), None)]);
+    // Not believed without kubelet's record (the default): refused, naming the key.
+    let e = run(&container("main", &ann, &[]), None, &config()).unwrap_err();
+    assert_eq!(e.key, "annotation ALIYUN_COM_GPU_MEM_IDX", "{e}");
     // kubelet allocated 2 units to this container, none to the sidecar.
     let ids: Vec<String> = (0..2).map(|i| format!("{}-_-{i}", uuid(1))).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -250,7 +267,7 @@ fn gpushare_annotations() {
     ] {
         let mut a: Vec<(&str, &str)> = ann.iter().copied().filter(|(x, _)| *x != k).collect();
         a.push((k, v));
-        let e = run(&container("main", &a, &[]), None, &config()).unwrap_err();
+        let e = run(&container("main", &a, &[]), None, &believed).unwrap_err();
         assert!(
             e.to_string().contains(why) && e.key.contains(k),
             "{k}={v}: {e}"
@@ -271,7 +288,15 @@ fn kai_annotations_per_container_name() {
         ("nvidia.com/container.other.gpus.devices", uuid(0)),
     ];
     let ann: Vec<(&str, &str)> = ann.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // A fraction pod: kubelet records no GPU for it, so KAI needs the admission policy.
+    let e = run(&container("main", &ann, &[]), None, &config()).unwrap_err();
+    assert_eq!(e.key, "nvidia.com/container.main.gpus.devices", "{e}");
+    let config = || believing(TrustAnnotations::Admission);
     let p = run(&container("main", &ann, &[]), None, &config()).unwrap();
+    assert_eq!(
+        p.allocation.as_ref().unwrap().devices[0].backing,
+        gpufence::allocation::backing::Backing::Admission
+    );
     assert_eq!(devices(&p), vec![(1, Some(10 * GIB), None)]);
     assert_eq!(p.quota.as_ref().unwrap().devices[0].memory, Some(10 * GIB));
     let p = run(&container("other", &ann, &[]), None, &config()).unwrap();

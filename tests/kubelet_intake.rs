@@ -301,7 +301,7 @@ fn hostile_checkpoints_grant_nothing() {
 }
 
 #[test]
-fn an_unreadable_checkpoint_refuses_env_but_annotations_keep_working() {
+fn an_unreadable_checkpoint_refuses_env_and_unbacked_annotations() {
     let src = KubeletSource::Unavailable {
         checkpoint: "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint".into(),
         why: "does not exist".into(),
@@ -336,7 +336,8 @@ fn an_unreadable_checkpoint_refuses_env_but_annotations_keep_working() {
             .unwrap()
             .grants_nothing()
     );
-    // A gpufence annotation allocates; the env is neutralised as untrusted.
+    // A gpufence annotation needs kubelet's record too (trust-annotations = "kubelet"): refused,
+    // naming the key, the value and the checkpoint.
     let s3 = spec(
         &[
             (CONTAINERD_POD_UID, POD),
@@ -345,7 +346,20 @@ fn an_unreadable_checkpoint_refuses_env_but_annotations_keep_working() {
         ],
         &env,
     );
-    let p = plan_with(&s3, "c", &inventory(), &config(), &[], &src).unwrap();
+    let e = plan_with(&s3, "c", &inventory(), &config(), &[], &src).unwrap_err();
+    assert_eq!(
+        (e.key.as_str(), e.value.as_str()),
+        ("gpufence.dev/devices", "2:1")
+    );
+    assert!(
+        e.why
+            .contains("kubelet_internal_checkpoint cannot be used: does not exist"),
+        "{e}"
+    );
+    // Under the admission policy it allocates; the env is neutralised as untrusted.
+    let mut admission = config();
+    admission.allocation.trust_annotations = gpufence::config::TrustAnnotations::Admission;
+    let p = plan_with(&s3, "c", &inventory(), &admission, &[], &src).unwrap();
     assert_eq!(
         devices(&p),
         vec![(DeviceRef::Mig { gpu: 2, mig: 1 }, None, None)]

@@ -11,7 +11,7 @@ mod common;
 mod cri_support;
 mod runtime_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cri_support::{Containerd, import_image, import_image_named};
@@ -43,8 +43,25 @@ state = "{d}/state"
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
-"#
+          BinaryName = "{runc}"
+"#,
+        runc = common::runc().display()
     )
+}
+
+/// PATH without the engines' directory: containerd 1.6 runs its own (Debian) shim; the runc under
+/// it is the engines' runc 1.5.1 (`BinaryName`, gpufence's `runtime.path`).
+fn system_path() -> String {
+    let engines = common::engines_dir();
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| {
+            let d = std::fs::canonicalize(d).unwrap_or_else(|_| PathBuf::from(d));
+            engines.as_deref() != Some(d.as_path())
+        })
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn cri(
@@ -111,7 +128,6 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .args([
                 "runtime",
                 "configure",
-                "--allow-vulnerable-runtime",
                 "--runtime",
                 "containerd",
                 "--config",
@@ -121,6 +137,11 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
+    // It says what the allow-listed pod annotations are worth on this node.
+    assert!(
+        out.contains("trust mode: allocation.trust-annotations = \"kubelet\""),
+        "{out}"
+    );
     let now = std::fs::read_to_string(&main).unwrap();
     let added: Vec<&str> = now
         .lines()
@@ -139,24 +160,40 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     // containerd hands to its shims.
     let sock = cdir.join("containerd.sock");
     let log = std::fs::File::create(cdir.join("containerd.log")).unwrap();
-    let child = Command::new("containerd")
+    let child = Command::new("/usr/bin/containerd")
         .arg("--config")
         .arg(&main)
+        .env("PATH", system_path())
         .env("GPUFENCE_CONFIG", &n.config)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
         .expect("start containerd");
-    let c = Containerd::started(child, sock, &cdir.join("containerd.log"));
+    let log = cdir.join("containerd.log");
+    let c = Containerd::started_with(child, sock, &log, PathBuf::from("/usr/bin/ctr"));
     import_image(&s, &c);
 
-    // The pod annotation picks GPU 1.
+    // kubelet's record: the device plugin gave gpu-pod's container GPU 1 (a time-slicing replica
+    // of it); nothing to forged-pod.
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    std::fs::write(
+        &checkpoint,
+        gpufence::kubelet::checkpoint_json(vec![gpufence::kubelet::entry(
+            "gpu-pod-uid",
+            "app",
+            "nvidia.com/gpu",
+            &[&format!("{gpu1}::0")],
+            gpufence::kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", gpu1.as_str())], &[]),
+        )]),
+    )
+    .unwrap();
+    // The pod annotation lowers the recorded GPU 1's memory to 4Gi: exactly GPU 1, 4 GiB quota.
     let r = cri(
         &py,
         &c,
         &s,
         "gpu-pod",
-        serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "2Gi"}),
+        serde_json::json!({"gpufence.dev/devices": "1", "gpufence.dev/memory": "4Gi"}),
     );
     assert_eq!(r["stage"], "done", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
@@ -165,7 +202,28 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     assert_eq!(f["gpu0"], "ABSENT", "{r}");
     assert_eq!(f["mknod0"], "EPERM", "{r}");
     assert_eq!(f["ctl"], "ENXIO", "{r}");
-    assert_eq!(f["quota_mem"], (2u64 << 30).to_string(), "{r}");
+    assert_eq!(f["quota_mem"], (4u64 << 30).to_string(), "{r}");
+    assert_eq!(f["quota_uuid"], gpu1, "{r}");
+
+    // A pod with no GPU resource that writes `gpufence.dev/devices: all` (any pod author can):
+    // refused, the one line in the CRI error naming the key, the value and kubelet's record.
+    let r = cri(
+        &py,
+        &c,
+        &s,
+        "forged-pod",
+        serde_json::json!({"gpufence.dev/devices": "all"}),
+    );
+    assert_eq!(r["stage"], "start_container", "{r}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("gpufence.dev/devices=\"all\"")
+            && e.contains(
+                "is not among what kubelet recorded for container app of pod default/forged-pod"
+            )
+            && e.contains("kubelet recorded: nothing"),
+        "{e}"
+    );
     assert_eq!(f["quota_write"], "DENIED", "{r}");
     assert_eq!(f["preload"], "/usr/lib/gpufence/libgpufence.so", "{r}");
 
@@ -294,7 +352,7 @@ fn kubelet_checkpoint_decides_env(py: &Path, c: &Containerd, s: &Path, checkpoin
     assert_eq!(f["env_nvd"], "void", "{r}");
 
     // No checkpoint on a node with kubelet's directory: the HAMi pod is refused, in one line
-    // naming the file; the annotation-only pods above would still run.
+    // naming the file (as would any pod granted a GPU by annotation, trust-annotations).
     std::fs::remove_file(checkpoint).unwrap();
     let r = cri_with(
         py,

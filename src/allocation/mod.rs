@@ -32,6 +32,10 @@ pub struct AllocatedDevice {
     pub memory_limit: Option<u64>,
     /// Percent 1–100; `None` = no limit.
     pub cores: Option<u8>,
+    /// What backs the grant: kubelet's record, the admission policy, or belief
+    /// ([`backing`], `allocation.trust-annotations`).
+    #[serde(default)]
+    pub backing: backing::Backing,
 }
 
 /// Devices of other CDI kinds named by `cdi.k8s.io/*` annotations, resolved with their edits.
@@ -44,6 +48,9 @@ pub struct ForeignCdiDevice {
     pub spec_path: String,
     /// Device edits followed by the spec's common edits.
     pub edits: ContainerEdits,
+    /// What backs the grant ([`backing`]).
+    #[serde(default)]
+    pub backing: backing::Backing,
 }
 
 /// The normalised allocation.
@@ -138,6 +145,7 @@ impl AllocationError {
 }
 
 mod agree;
+pub mod backing;
 pub mod compute;
 pub mod devices;
 pub mod dialects;
@@ -232,6 +240,21 @@ pub fn read_request(
         read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
     gpushare_needs_kubelet(&view, &parts)?;
     let devices = agree::devices(&parts)?;
+    let mut foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
+    let backings = backing::check(
+        &backing::Subject {
+            mode: ac.trust_annotations,
+            cri: backing::is_cri(inputs, ac.trust_libpod_annotations),
+            source: kubelet,
+            inventory,
+        },
+        &devices,
+        &foreign,
+        |g| granted_by(inputs, &parts, &origins, g),
+    )?;
+    for (f, b) in foreign.iter_mut().zip(&backings.foreign) {
+        f.backing = b.clone();
+    }
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
         parts.push(dialects::gpufence_limits(inputs, &devices)?);
@@ -245,7 +268,6 @@ pub fn read_request(
         check_memory_fits(&devices, &memory)?;
     }
 
-    let foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
     if !dropped.is_empty() {
         intake.notes.push(format!(
             "ignored {} of a podman (libpod) container: podman copies image annotations into the \
@@ -281,6 +303,7 @@ pub fn read_request(
                 uuid: r.uuid.clone(),
                 memory_limit: memory.get(i).and_then(|m| m.0),
                 cores: cores.get(i).and_then(|c| c.0),
+                backing: backings.devices.get(i).cloned().unwrap_or_default(),
             })
             .collect(),
         oversubscribe,
@@ -322,6 +345,46 @@ fn gpushare_needs_kubelet(
             r.why.as_deref().unwrap_or("-")
         ),
     ))
+}
+
+/// The key and value that granted `g`, for a refusal: the first input other than kubelet's own
+/// record that names it (an annotation, a mount), else the first that does.
+fn granted_by(
+    inputs: &Inputs,
+    parts: &[Part],
+    origins: &[Origin],
+    g: backing::Granted,
+) -> (String, String) {
+    match g {
+        backing::Granted::Device(r) => {
+            let naming = |p: &&(&Part, &Origin)| {
+                p.0.devices
+                    .as_ref()
+                    .is_some_and(|f| f.values.iter().any(|x| x.device == r.device))
+            };
+            let both: Vec<(&Part, &Origin)> = parts.iter().zip(origins).collect();
+            let found = both
+                .iter()
+                .filter(naming)
+                .find(|(_, o)| **o != Origin::Kubelet)
+                .or_else(|| both.iter().find(naming));
+            match found.and_then(|(p, _)| p.devices.as_ref()) {
+                Some(f) => (f.key.clone(), f.value.clone()),
+                None => ("devices".to_string(), r.uuid.clone()),
+            }
+        }
+        backing::Granted::Cdi(name) => inputs
+            .annotations
+            .iter()
+            .find(|(k, v)| k.starts_with(crate::cdi::parse::ANNOTATION_PREFIX) && v.contains(name))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .unwrap_or_else(|| {
+                (
+                    crate::cdi::parse::ANNOTATION_PREFIX.to_string(),
+                    name.to_string(),
+                )
+            }),
+    }
 }
 
 /// What every enabled (and, for env-borne dialects, trusted) dialect says, each with where it

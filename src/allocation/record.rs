@@ -9,10 +9,14 @@ use super::input::Inputs;
 use crate::config::Config;
 use crate::kubelet::{self, KubeletSource, PodIdentity};
 
-/// Read kubelet's record for the container of `request` (the edge). `override_path` is
+/// Read kubelet's record for the container of `request` (the edge), wherever something believes
+/// it (`trust-env` or `trust-annotations` = `"kubelet"`). `override_path` is
 /// `gpufence plan --kubelet-checkpoint FILE`: read even where no kubelet directory exists.
 pub fn load(cfg: &Config, request: &Inputs, override_path: Option<&Path>) -> KubeletSource {
-    if !cfg.allocation.trust_env.is_kubelet() {
+    let ac = &cfg.allocation;
+    let wanted = ac.trust_env.is_kubelet()
+        || ac.trust_annotations == crate::config::TrustAnnotations::Kubelet;
+    if !wanted {
         return KubeletSource::Absent;
     }
     let path: PathBuf = override_path

@@ -236,6 +236,7 @@ pub(crate) mod tests {
                     uuid: u.to_string(),
                     memory_limit: *m,
                     cores: *c,
+                    backing: Default::default(),
                 })
                 .collect(),
             oversubscribe: false,

@@ -207,22 +207,90 @@ impl TrustEnv {
     }
 }
 
+/// `allocation.trust-annotations`: `"kubelet"` (the default), `"admission"` or `true`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TrustAnnotations {
+    /// On CRI containers, annotation grants only within kubelet's record for the container
+    /// (device-plugin checkpoint, DRA state).
+    #[default]
+    Kubelet,
+    /// Believed: the operator applied gpufence's admission policy
+    /// (`packaging/k8s/admission-policy.yaml`), so only listed scheduler accounts write them.
+    Admission,
+    /// Believed as written (single-tenant hosts, tests). Written `true`.
+    Believed,
+}
+
+impl Serialize for TrustAnnotations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TrustAnnotations::Kubelet => s.serialize_str("kubelet"),
+            TrustAnnotations::Admission => s.serialize_str("admission"),
+            TrustAnnotations::Believed => s.serialize_bool(true),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TrustAnnotations {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Word(String),
+        }
+        const EXPECTED: &str = "expected \"kubelet\", \"admission\" or true";
+        match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom(format!("trust-annotations: {EXPECTED}")))?
+        {
+            Raw::Bool(true) => Ok(TrustAnnotations::Believed),
+            Raw::Word(w) if w == "kubelet" => Ok(TrustAnnotations::Kubelet),
+            Raw::Word(w) if w == "admission" => Ok(TrustAnnotations::Admission),
+            Raw::Bool(false) => Err(serde::de::Error::custom(format!(
+                "trust-annotations = false is not a mode (annotations are how schedulers speak); \
+                 {EXPECTED}"
+            ))),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "trust-annotations = {:?}: {EXPECTED}",
+                crate::text::short(&w)
+            ))),
+        }
+    }
+}
+
+impl TrustAnnotations {
+    /// The value as written in `config.toml`.
+    pub fn as_toml(self) -> &'static str {
+        match self {
+            TrustAnnotations::Kubelet => "\"kubelet\"",
+            TrustAnnotations::Admission => "\"admission\"",
+            TrustAnnotations::Believed => "true",
+        }
+    }
+}
+
 /// `[kubelet]`: where kubelet keeps what the device plugins allocated. Extension of the contract.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct KubeletConfig {
     /// kubelet's device-manager checkpoint.
     pub checkpoint: PathBuf,
+    /// kubelet's DRA state (claims, their pods and CDI device ids).
+    pub dra_checkpoint: PathBuf,
 }
 
 /// Where kubelet (default `--root-dir`) writes its device-manager checkpoint.
 pub const DEFAULT_KUBELET_CHECKPOINT: &str =
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
+/// Where kubelet (default `--root-dir`) writes its DRA state (`kubelet.dra-checkpoint`).
+pub const DEFAULT_KUBELET_DRA_CHECKPOINT: &str = "/var/lib/kubelet/dra_manager_state";
+
 impl Default for KubeletConfig {
     fn default() -> Self {
         KubeletConfig {
             checkpoint: PathBuf::from(DEFAULT_KUBELET_CHECKPOINT),
+            dra_checkpoint: PathBuf::from(DEFAULT_KUBELET_DRA_CHECKPOINT),
         }
     }
 }
@@ -237,6 +305,8 @@ pub struct AllocationConfig {
     /// Honour allocation annotations of podman (libpod) containers, which podman copies from
     /// the image ([`crate::allocation::libpod`]). Extension of the contract.
     pub trust_libpod_annotations: bool,
+    /// Who may grant GPUs by annotation on a CRI container ([`crate::allocation::backing`]).
+    pub trust_annotations: TrustAnnotations,
 }
 
 impl Default for AllocationConfig {
@@ -245,6 +315,7 @@ impl Default for AllocationConfig {
             dialects: Dialect::ALL.to_vec(),
             trust_env: TrustEnv::default(),
             trust_libpod_annotations: false,
+            trust_annotations: TrustAnnotations::default(),
         }
     }
 }
@@ -420,6 +491,7 @@ impl Config {
             ("gpufence-binary", &self.gpufence_binary),
             ("shim.library", &self.shim.library),
             ("kubelet.checkpoint", &self.kubelet.checkpoint),
+            ("kubelet.dra-checkpoint", &self.kubelet.dra_checkpoint),
             ("runtime.driver-folders", &self.runtime.driver_folders),
         ] {
             if !p.is_absolute() {
@@ -553,12 +625,63 @@ inventory = 60
         assert!(c.allocation.trust_env.is_kubelet());
         assert!(!c.allocation.honours(Dialect::Hami));
         assert_eq!(c.kubelet.checkpoint, PathBuf::from("/k/cp"));
+        assert_eq!(
+            c.kubelet.dra_checkpoint,
+            PathBuf::from("/var/lib/kubelet/dra_manager_state")
+        );
+        let c =
+            Config::from_toml("[kubelet]\ndra-checkpoint = \"/k/dra\"\n", Path::new("x")).unwrap();
+        assert_eq!(c.kubelet.dra_checkpoint, PathBuf::from("/k/dra"));
+        for bad in ["dra-checkpoint = \"k/dra\"", "dra_checkpoint = \"/k/dra\""] {
+            let t = format!("[kubelet]\n{bad}\n");
+            assert!(Config::from_toml(&t, Path::new("x")).is_err(), "{bad}");
+        }
         for bad in ["\"kubelets\"", "\"true\"", "1"] {
             let t = format!("[allocation]\ntrust-env = {bad}\n");
             assert!(Config::from_toml(&t, Path::new("x")).is_err(), "{bad}");
         }
         let c = Config::from_toml("[allocation]\ntrust-env = false\n", Path::new("x")).unwrap();
         assert!(!c.allocation.trust_env.is_kubelet());
+    }
+
+    #[test]
+    fn trust_annotations_kubelet_is_the_default_and_parses() {
+        assert_eq!(
+            Config::default().allocation.trust_annotations,
+            TrustAnnotations::Kubelet
+        );
+        for (text, want) in [
+            ("\"kubelet\"", TrustAnnotations::Kubelet),
+            ("\"admission\"", TrustAnnotations::Admission),
+            ("true", TrustAnnotations::Believed),
+        ] {
+            let t = format!("[allocation]\ntrust-annotations = {text}\n");
+            let c = Config::from_toml(&t, Path::new("x")).unwrap();
+            assert_eq!(c.allocation.trust_annotations, want, "{text}");
+            assert_eq!(want.as_toml(), text);
+            // It writes back as it was read.
+            let back = toml::to_string(&c).unwrap();
+            assert!(
+                back.contains(&format!("trust-annotations = {text}")),
+                "{back}"
+            );
+        }
+        for bad in [
+            "false",
+            "\"true\"",
+            "\"Kubelet\"",
+            "1",
+            "[\"kubelet\"]",
+            "\"\"",
+        ] {
+            let t = format!("[allocation]\ntrust-annotations = {bad}\n");
+            let e = Config::from_toml(&t, Path::new("c.toml")).unwrap_err();
+            let e = e.to_string();
+            assert!(
+                e.contains("c.toml") && e.contains("trust-annotations") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

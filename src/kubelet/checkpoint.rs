@@ -291,8 +291,9 @@ struct RawEntry {
     alloc_resp: Base64,
 }
 
-/// A JSON object whose keys are unique (serde_json keeps the last of duplicates silently).
-struct StrictMap<V>(Vec<(String, V)>);
+/// A JSON object whose keys are unique (serde_json keeps the last of duplicates silently); also
+/// used by [`super::dra`].
+pub(super) struct StrictMap<V>(pub(super) Vec<(String, V)>);
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for StrictMap<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -12,7 +12,12 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 
 use super::checkpoint::MAX_BYTES;
 
+/// The clause [`read_checkpoint`] answers when the file does not exist (a caller may treat a
+/// missing file apart from an unreadable one).
+pub const MISSING: &str = "does not exist";
+
 /// The checkpoint's bytes, or why they cannot be read (one clause, for the refusal line).
+/// Also kubelet's DRA state ([`super::dra::load`]), under the same bound.
 pub fn read_checkpoint(path: &Path) -> Result<Vec<u8>, String> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err("not a file path".into());
@@ -37,7 +42,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Vec<u8>, String> {
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
     let fd = nix::fcntl::openat2(dfd.as_fd(), name, how).map_err(|e| match e {
-        nix::errno::Errno::ENOENT => "does not exist".to_string(),
+        nix::errno::Errno::ENOENT => MISSING.to_string(),
         nix::errno::Errno::ELOOP => "is a symlink (not followed)".to_string(),
         e => e.desc().to_string(),
     })?;

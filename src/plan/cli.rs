@@ -27,10 +27,17 @@ pub struct Args {
     /// `kubelet.checkpoint` key), e.g. a copy taken from the node.
     #[arg(long = "kubelet-checkpoint", value_name = "FILE")]
     pub kubelet_checkpoint: Option<PathBuf>,
+    /// kubelet's DRA state to explain the decision with (default: the `kubelet.dra-checkpoint`
+    /// key), e.g. a copy taken from the node.
+    #[arg(long = "dra-checkpoint", value_name = "FILE")]
+    pub dra_checkpoint: Option<PathBuf>,
 }
 
 pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
-    let cfg = Config::load(config)?;
+    let mut cfg = Config::load(config)?;
+    if let Some(p) = &args.dra_checkpoint {
+        cfg.kubelet.dra_checkpoint = p.clone();
+    }
     crate::logging::init(&cfg);
     let config_json = args.bundle.join("config.json");
     let text = std::fs::read_to_string(&config_json)
@@ -149,6 +156,17 @@ fn render_kubelet(s: &mut String, p: &Plan) {
                     env.join(" ")
                 );
             }
+            for c in &r.dra_claims {
+                let _ = writeln!(
+                    s,
+                    "  DRA claim {}: CDI devices {}",
+                    c.claim,
+                    c.cdi_device_ids.join(",")
+                );
+            }
+            if let Some(w) = &r.dra_unavailable {
+                let _ = writeln!(s, "  DRA state cannot be used: {w}");
+            }
         }
     }
     if !p.neutralised.is_empty() {
@@ -203,15 +221,20 @@ fn render_allocation(s: &mut String, p: &Plan) {
             for (i, d) in a.devices.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "  [{i}] {}  memory {}  cores {}",
+                    "  [{i}] {}  memory {}  cores {}  backed by {}",
                     crate::allocation::devices::describe(&d.device, &d.uuid),
                     fmt_mem(d.memory_limit),
                     d.cores
-                        .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
+                        .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%")),
+                    d.backing
                 );
             }
             for f in &a.foreign_cdi {
-                let _ = writeln!(s, "  CDI {} (from {})", f.name, f.spec_path);
+                let _ = writeln!(
+                    s,
+                    "  CDI {} (from {})  backed by {}",
+                    f.name, f.spec_path, f.backing
+                );
             }
             if !a.sources.is_empty() {
                 let _ = writeln!(s, "taken from:");

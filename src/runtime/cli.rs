@@ -74,11 +74,14 @@ pub fn run(_gpufence_config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
             check_real_runtime(Path::new("/"), a.allow_vulnerable_runtime)?;
             let binary = a.runtime_binary.clone().unwrap_or_else(default_binary);
             let t = a.engine.target(binary);
-            (
-                unconfigure::apply_configure(&t, a.engine.dry_run).map_err(apply_exit)?,
-                a.engine.runtime,
-                a.engine.dry_run,
-            )
+            let mut report =
+                unconfigure::apply_configure(&t, a.engine.dry_run).map_err(apply_exit)?;
+            // The allow-list passes pod annotations in: say what they are worth on this node
+            // (gpufence-runtime's own configuration, as check_real_runtime reads it: `--config`
+            // here names the engine's file).
+            let cfg = crate::config::Config::load(None).map_err(Exit::invalid)?;
+            report.push(super::configure::trust_mode_line(&cfg));
+            (report, a.engine.runtime, a.engine.dry_run)
         }
         Cmd::Unconfigure(a) => {
             let t = a.target(default_binary());

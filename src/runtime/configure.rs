@@ -1,7 +1,7 @@
 //! Register `gpufence-runtime` with a container engine, as drop-ins wherever the engine has
 //! them, never rewriting what the operator wrote.
 //!
-//! * containerd (config `version = 2` or `3`): a drop-in `conf.d/gpufence.toml` beside the main
+//! * containerd (config `version = 2`, `3` or `4`): a drop-in `conf.d/gpufence.toml` beside the main
 //!   file, pulled in by an `imports` entry added to the main file (the only change there; its
 //!   comments and layout are kept by `toml_edit`). containerd 1.x *replaces* a whole plugin
 //!   section from an imported file instead of merging it, so the drop-in carries a copy of the
@@ -27,6 +27,35 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
     "ALIYUN_COM_GPU_MEM_*",
     "nvidia.com/container.*",
 ];
+
+/// The line `configure` prints about the node's trust mode: what the allow-listed annotations
+/// it passes into containers are worth (`allocation.trust-annotations`, README "Trust model").
+pub fn trust_mode_line(cfg: &crate::config::Config) -> String {
+    use crate::config::TrustAnnotations;
+    let from = cfg
+        .source
+        .as_ref()
+        .map_or_else(|| "default".to_string(), |p| p.display().to_string());
+    let mode = cfg.allocation.trust_annotations;
+    let what = match mode {
+        TrustAnnotations::Kubelet => {
+            "the allow-listed pod annotations grant a GPU only within what kubelet recorded for \
+             the container (device-plugin checkpoint, DRA state)"
+        }
+        TrustAnnotations::Admission => {
+            "the allow-listed pod annotations are believed: apply \
+             packaging/k8s/admission-policy.yaml so that only your scheduler accounts can write them"
+        }
+        TrustAnnotations::Believed => {
+            "the allow-listed pod annotations are believed as written: any pod author can take \
+             any GPU (single-tenant nodes only)"
+        }
+    };
+    format!(
+        "trust mode: allocation.trust-annotations = {} ({from}): {what}",
+        mode.as_toml()
+    )
+}
 
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
@@ -237,12 +266,14 @@ pub fn containerd(
     };
     let plugin = match version {
         2 => "io.containerd.grpc.v1.cri",
-        3 => "io.containerd.cri.v1.runtime",
+        // containerd 2.0–2.2 write version 3, 2.3 writes version 4: the CRI runtime plugin
+        // and its runtime keys are the same in both.
+        3 | 4 => "io.containerd.cri.v1.runtime",
         v => {
             return Err(ConfigureError::Unsupported {
                 path: main_path.to_path_buf(),
                 message: format!(
-                    "containerd config version {v} is not supported (2 or 3): migrate it with `containerd config migrate`"
+                    "containerd config version {v} is not supported (2, 3 or 4): migrate it with `containerd config migrate`"
                 ),
             });
         }
@@ -433,6 +464,27 @@ pub fn docker_render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trust_mode_is_named() {
+        use crate::config::{Config, TrustAnnotations};
+        let mut c = Config::default();
+        let l = trust_mode_line(&c);
+        assert!(
+            l.starts_with("trust mode: allocation.trust-annotations = \"kubelet\" (default)"),
+            "{l}"
+        );
+        c.allocation.trust_annotations = TrustAnnotations::Admission;
+        c.source = Some("/etc/gpufence/config.toml".into());
+        let l = trust_mode_line(&c);
+        assert!(
+            l.contains("= \"admission\" (/etc/gpufence/config.toml)")
+                && l.contains("admission-policy.yaml"),
+            "{l}"
+        );
+        c.allocation.trust_annotations = TrustAnnotations::Believed;
+        assert!(trust_mode_line(&c).contains("= true"));
+    }
 
     const V2: &str = r#"# Operator's containerd config — keep me
 version = 2

@@ -14,6 +14,8 @@ use crate::common;
 pub struct Containerd {
     pub child: Child,
     pub sock: PathBuf,
+    /// The `ctr` of the same release (a 2.x ctr cannot import into containerd 1.6).
+    pub ctr_bin: PathBuf,
 }
 
 impl Drop for Containerd {
@@ -38,11 +40,20 @@ impl Containerd {
     /// Wrap a started containerd and wait until it answers on `sock` (`log`: its output, shown
     /// when it does not come up).
     pub fn started(child: Child, sock: PathBuf, log: &Path) -> Containerd {
-        let c = Containerd { child, sock };
+        Containerd::started_with(child, sock, log, PathBuf::from("ctr"))
+    }
+
+    /// [`Containerd::started`], talking to it with the `ctr` at `ctr_bin`.
+    pub fn started_with(child: Child, sock: PathBuf, log: &Path, ctr_bin: PathBuf) -> Containerd {
+        let c = Containerd {
+            child,
+            sock,
+            ctr_bin,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let (code, _, _) = common::run(
-                Command::new("ctr")
+                Command::new(&c.ctr_bin)
                     .arg("--address")
                     .arg(&c.sock)
                     .arg("version"),
@@ -60,7 +71,7 @@ impl Containerd {
     }
 
     pub fn ctr(&self) -> Command {
-        let mut c = Command::new("ctr");
+        let mut c = Command::new(&self.ctr_bin);
         c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
         c
     }

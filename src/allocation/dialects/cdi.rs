@@ -61,6 +61,7 @@ pub fn cdi(
                 name: full,
                 spec_path: spec.path.display().to_string(),
                 edits,
+                backing: Default::default(),
             });
         }
     }
