@@ -861,3 +861,114 @@ fn nri_enforces_the_plan() {
     assert!(slowest < 500_000, "{slowest} us");
     drop(plugin);
 }
+
+/// `gpufence runtime configure --mode nri` (what `gpufence install --mode nri` writes) on
+/// containerd 2.3's own default file: containerd 2.3.4 loads it (its `config dump` shows NRI's
+/// default validator requiring `gpufence`), the pre-registered wrapper `install` writes starts
+/// the plugin, pods run through it, and `unconfigure` gives the file back byte for byte.
+#[test]
+fn nri_mode_configuration_loads_in_containerd_2_3() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let s = common::scratch("nri-configure");
+    let node = runtime_support::node(
+        &s,
+        2,
+        &[(
+            "runtime.path",
+            toml_edit::value(bin.join("runc").display().to_string()),
+        )],
+    );
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &[]);
+    let original = std::fs::read_to_string(&config).unwrap();
+    let records = s.join("records");
+    let gpufence = |verb: &str| {
+        let (code, out, err) = common::run(
+            Command::new(common::bin("gpufence"))
+                .env("GPUFENCE_CONFIG", &node.config)
+                .args([
+                    "runtime",
+                    verb,
+                    "--mode",
+                    "nri",
+                    "--runtime",
+                    "containerd",
+                    "--config",
+                ])
+                .arg(&config)
+                .arg("--record-dir")
+                .arg(&records),
+        );
+        assert_eq!(code, 0, "{verb}: {out}{err}");
+        out
+    };
+    let out = gpufence("configure");
+    assert!(out.contains("gpufence-nri.toml"), "{out}");
+
+    // containerd 2.3.4 reads it: the merged configuration has the validator on.
+    let (code, dump, err) = common::run(
+        Command::new(bin.join("containerd"))
+            .arg("--config")
+            .arg(&config)
+            .args(["config", "dump"]),
+    );
+    assert_eq!(code, 0, "{err}");
+    let doc: toml_edit::DocumentMut = dump.parse().unwrap();
+    let nri = &doc["plugins"]["io.containerd.nri.v1.nri"];
+    assert_eq!(nri["disable"].as_bool(), Some(false), "{dump}");
+    let v = &nri["default_validator"];
+    assert_eq!(v["enable"].as_bool(), Some(true), "{dump}");
+    let required: Vec<&str> = v["required_plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x.as_str())
+        .collect();
+    assert_eq!(required, vec!["gpufence"], "{dump}");
+    // The private paths of the test's file survived the copy into the drop-in.
+    assert_eq!(
+        nri["plugin_path"].as_str(),
+        Some(cdir.join("nri-plugins").to_str().unwrap())
+    );
+
+    // The pre-registered plugin as `install` writes it, in that plugin_path.
+    use gpufence::runtime::nri_config;
+    let wrapper = cdir
+        .join("nri-plugins")
+        .join(nri_config::plugin_file("gpufence"));
+    std::fs::write(
+        &wrapper,
+        nri_config::wrapper(&common::bin("gpufence"), &node.config),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = start_containerd(&bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    wait_registered(&node.log, 1);
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "through-nri",
+        "echo ran",
+        serde_json::json!({}),
+    );
+    assert_eq!(
+        (r["stage"].as_str(), r["log"].as_str()),
+        (Some("done"), Some("ran\n")),
+        "{r}"
+    );
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("index=\"90\"") || log.contains("index=90"),
+        "{log}"
+    );
+    drop(c);
+
+    gpufence("unconfigure");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
+    assert!(!cdir.join("conf.d/gpufence-nri.toml").exists());
+}

@@ -1,9 +1,10 @@
-//! `gpufence install|uninstall --host-root DIR --runtime containerd|crio|docker [--dry-run]`.
+//! `gpufence install|uninstall --host-root DIR --runtime containerd|crio|docker [--mode
+//! runtime|nri] [--dry-run]`.
 use std::path::{Path, PathBuf};
 
 use super::{Options, Restart, Sources};
 use crate::exit::Exit;
-use crate::runtime::configure::Engine;
+use crate::runtime::configure::{Engine, Mode};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -17,9 +18,15 @@ pub struct Args {
     /// /etc/crio/crio.conf, /etc/docker/daemon.json).
     #[arg(long)]
     pub runtime_config: Option<PathBuf>,
-    /// Name of the runtime handler (the RuntimeClass `handler`).
+    /// Name of the runtime handler (the RuntimeClass `handler`), or with `--mode nri` of the
+    /// NRI plugin (what the validator requires).
     #[arg(long, default_value = "gpufence")]
     pub handler: String,
+    /// The applier: `runtime` (the runtime handler) or `nri` (containerd ≥ 2.2: the
+    /// pre-registered NRI plugin `<plugin_path>/90-<handler>`, NRI enabled and its default
+    /// validator requiring the plugin).
+    #[arg(long, value_enum, default_value = "runtime")]
+    pub mode: Mode,
     /// Directory holding the `gpufence` and `gpufence-runtime` to install (default: this
     /// binary's; the shim from `../lib/gpufence/` or beside them).
     #[arg(long)]
@@ -61,6 +68,7 @@ impl Args {
             restart: self.restart,
             dry_run: self.dry_run,
             allow_vulnerable_runtime: self.allow_vulnerable_runtime,
+            mode: self.mode,
         })
     }
 }

@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::configure::{Engine, in_root};
+use crate::runtime::configure::{Engine, Mode, in_root};
+use crate::runtime::nri_config;
 use crate::runtime::unconfigure::{self, ApplyError, Target};
 use host::Host;
 
@@ -88,6 +89,8 @@ pub struct Options {
     pub dry_run: bool,
     /// Install even in front of a runc/crun release with known container escapes.
     pub allow_vulnerable_runtime: bool,
+    /// The applier: the runtime handler, or the NRI plugin (containerd only).
+    pub mode: Mode,
 }
 
 impl Options {
@@ -102,6 +105,7 @@ impl Options {
             binary: PathBuf::from(HOST_RUNTIME),
             handler: self.handler.clone(),
             record_dir: self.here(&Path::new(HOST_STATE).join("configure")),
+            mode: self.mode,
         }
     }
     fn manifest_path(&self) -> PathBuf {
@@ -228,17 +232,31 @@ fn install_file(
     previous: Option<&Manifest>,
     m: &mut Manifest,
     report: &mut Vec<String>,
-) -> Result<(), InstallError> {
-    let host_path = PathBuf::from(host_path);
-    let dest = o.here(&host_path);
+) -> Result<bool, InstallError> {
     let data = std::fs::read(src).map_err(io(src))?;
+    install_bytes(o, &data, Path::new(host_path), mode, previous, m, report)
+}
+
+/// Write `data` as the host's `host_path` (a host file that differs and was not installed by
+/// gpufence is backed up first), listed in the manifest. Whether the file changed.
+fn install_bytes(
+    o: &Options,
+    data: &[u8],
+    host_path: &Path,
+    mode: u32,
+    previous: Option<&Manifest>,
+    m: &mut Manifest,
+    report: &mut Vec<String>,
+) -> Result<bool, InstallError> {
+    let host_path = host_path.to_path_buf();
+    let dest = o.here(&host_path);
     let known = previous.and_then(|p| p.files.iter().find(|f| f.path == host_path));
     let current = std::fs::read(&dest).ok();
-    if current.as_deref() == Some(data.as_slice()) {
+    if current.as_deref() == Some(data) {
         // Identical: ours when a previous install wrote it, else the host's (left at uninstall).
         m.files.extend(known.cloned());
         report.push(format!("{}: up to date", dest.display()));
-        return Ok(());
+        return Ok(false);
     }
     let mut backup = known.and_then(|k| k.backup.clone());
     if current.is_some() && known.is_none() {
@@ -258,7 +276,7 @@ fn install_file(
     }
     ensure_dir(o, host_path.parent().unwrap_or(Path::new("/")), m)?;
     if !o.dry_run {
-        put(&dest, &data, mode)?;
+        put(&dest, data, mode)?;
     }
     report.push(format!(
         "{} {}",
@@ -271,10 +289,10 @@ fn install_file(
     ));
     m.files.push(InstalledFile {
         path: host_path,
-        digest: digest(&data),
+        digest: digest(data),
         backup,
     });
-    Ok(())
+    Ok(true)
 }
 
 /// `gpufence install`.
@@ -299,6 +317,9 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         (&s.runtime, HOST_RUNTIME, 0o755),
         (&s.shim, HOST_SHIM, 0o644),
     ] {
+        if dest == HOST_RUNTIME && o.mode == Mode::Nri {
+            continue;
+        }
         install_file(o, src, dest, mode, previous.as_ref(), &mut m, &mut report)?;
     }
 
@@ -327,8 +348,11 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         .map_err(InstallError::Runtime)?;
     ensure_dir(o, &Path::new(HOST_STATE).join("configure"), &mut m)?;
     let engine_report = unconfigure::apply_configure(&o.target(), o.dry_run)?;
-    let changed = engine_report.iter().any(|l| l.starts_with("wrote "));
+    let mut changed = engine_report.iter().any(|l| l.starts_with("wrote "));
     report.extend(engine_report);
+    if o.mode == Mode::Nri {
+        changed |= install_nri_plugin(o, previous.as_ref(), &mut m, &mut report)?;
+    }
 
     if !o.dry_run {
         let mut json = serde_json::to_string_pretty(&m).expect("manifest serialises");
@@ -340,6 +364,23 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         report.push(restart(o, host)?);
     }
     Ok(report)
+}
+
+/// The pre-registered NRI plugin: `<plugin_path>/90-<name>` (containerd's `plugin_path`, read
+/// from the host's main file), starting `gpufence nri` with the host's configuration. Whether
+/// it changed (containerd starts pre-registered plugins only when it starts).
+fn install_nri_plugin(
+    o: &Options,
+    previous: Option<&Manifest>,
+    m: &mut Manifest,
+    report: &mut Vec<String>,
+) -> Result<bool, InstallError> {
+    let main = std::fs::read_to_string(o.here(&o.engine_config)).unwrap_or_default();
+    let dir = nri_config::plugin_path(&main);
+    ensure_dir(o, &dir, m)?;
+    let wrapper = nri_config::wrapper(Path::new(HOST_GPUFENCE), Path::new(HOST_CONFIG));
+    let file = dir.join(nri_config::plugin_file(&o.handler));
+    install_bytes(o, wrapper.as_bytes(), &file, 0o755, previous, m, report)
 }
 
 /// Run `gpufence inventory` in the host when it has a driver; never fatal (the runtime builds

@@ -54,8 +54,23 @@ fn setup(name: &str, engine: Engine) -> (PathBuf, Options) {
         dry_run: false,
         // No runc in these host roots: the version check has its own tests.
         allow_vulnerable_runtime: true,
+        mode: Mode::Runtime,
     };
     (host, o)
+}
+
+/// Installed: installing again changes nothing and restarts nothing; uninstalling puts the
+/// host back as `before` (byte for byte) and restarts the engine once.
+fn again_then_uninstall(o: &Options, host: &Path, before: &BTreeMap<PathBuf, String>) {
+    let after = tree(host);
+    let mut h2 = RecordingHost::default();
+    install(o, &mut h2).unwrap();
+    assert_eq!(tree(host), after);
+    assert!(h2.calls.is_empty(), "{:?}", h2.calls);
+    let mut h3 = RecordingHost::default();
+    uninstall(o, &mut h3).unwrap();
+    assert_eq!(&tree(host), before);
+    assert_eq!(h3.calls.len(), 1, "restarted once: {:?}", h3.calls);
 }
 
 #[test]
@@ -110,17 +125,7 @@ fn install_then_uninstall_leaves_the_host_as_it_was() {
     assert_eq!(mode("usr/bin/gpufence-runtime"), 0o755);
     assert_eq!(mode("usr/lib/gpufence/libgpufence.so"), 0o644);
 
-    // Again: nothing changes, nothing restarts.
-    let after = tree(&host);
-    let mut h2 = RecordingHost::default();
-    install(&o, &mut h2).unwrap();
-    assert_eq!(tree(&host), after);
-    assert!(h2.calls.is_empty(), "{:?}", h2.calls);
-
-    let mut h3 = RecordingHost::default();
-    uninstall(&o, &mut h3).unwrap();
-    assert_eq!(tree(&host), before);
-    assert_eq!(h3.calls.len(), 1, "restarted once: {:?}", h3.calls);
+    again_then_uninstall(&o, &host, &before);
     // And again: nothing to do.
     let mut h4 = RecordingHost::default();
     let r = uninstall(&o, &mut h4).unwrap();
@@ -276,4 +281,98 @@ fn bad_host_root_and_missing_sources_are_one_line() {
         e.to_string(),
         "/nonexistent/libgpufence.so: No such file or directory (os error 2)"
     );
+}
+
+/// containerd 2.x's file (version 3) with the operator's own NRI settings.
+const CONTAINERD_V3: &str = "# the operator's\nversion = 3\n\n[plugins.'io.containerd.nri.v1.nri']\n  plugin_path = '/opt/custom-nri' # theirs\n";
+
+#[test]
+fn install_mode_nri_pre_registers_the_plugin_and_requires_it_and_uninstall_reverses_it() {
+    let (host, mut o) = setup("nri", Engine::Containerd);
+    o.mode = Mode::Nri;
+    std::fs::write(host.join("etc/containerd/config.toml"), CONTAINERD_V3).unwrap();
+    std::fs::create_dir_all(host.join("run/systemd/system")).unwrap();
+    let before = tree(&host);
+
+    let mut h = RecordingHost::default();
+    let report = install(&o, &mut h).unwrap();
+    // The plugin where containerd's plugin_path says, with absolute paths and the config.
+    let wrapper = host.join("opt/custom-nri/90-gpufence");
+    let text = std::fs::read_to_string(&wrapper).unwrap();
+    assert!(
+        text.ends_with("exec /usr/bin/gpufence --config /etc/gpufence/config.toml nri\n"),
+        "{text}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&wrapper).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    // No runtime handler binary in this mode.
+    assert!(!host.join("usr/bin/gpufence-runtime").exists());
+    // NRI on, the default validator requiring `gpufence`, pod-annotation escape closed.
+    let drop_in =
+        std::fs::read_to_string(host.join("etc/containerd/conf.d/gpufence-nri.toml")).unwrap();
+    let doc: toml_edit::DocumentMut = drop_in.parse().unwrap();
+    let nri = &doc["plugins"]["io.containerd.nri.v1.nri"];
+    assert_eq!(nri["disable"].as_bool(), Some(false), "{drop_in}");
+    assert_eq!(nri["plugin_path"].as_str(), Some("/opt/custom-nri"));
+    let v = &nri["default_validator"];
+    assert_eq!(v["enable"].as_bool(), Some(true), "{drop_in}");
+    assert_eq!(
+        v["required_plugins"]
+            .as_array()
+            .unwrap()
+            .get(0)
+            .and_then(|x| x.as_str()),
+        Some("gpufence")
+    );
+    assert_eq!(v["tolerate_missing_plugins_annotation"].as_str(), Some(""));
+    let main = std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap();
+    assert_eq!(
+        main,
+        // Only the imports entry is added; the operator's comments stay.
+        CONTAINERD_V3.replacen(
+            "version = 3\n",
+            "version = 3\nimports = [\"/etc/containerd/conf.d/gpufence-nri.toml\"]\n",
+            1
+        ),
+        "{main}"
+    );
+    assert_eq!(h.calls.len(), 1, "restarted: {report:?}");
+
+    again_then_uninstall(&o, &host, &before);
+}
+
+#[test]
+fn install_mode_nri_refuses_what_cannot_fail_closed() {
+    // containerd 1.7's version 2 file: no default validator, so no install (nothing written).
+    let (host, mut o) = setup("nri-v2", Engine::Containerd);
+    o.mode = Mode::Nri;
+    let before = tree(&host);
+    let e = install(&o, &mut RecordingHost::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("default validator"), "{e}");
+    let after = tree(&host);
+    let engine_files: Vec<&PathBuf> = after
+        .keys()
+        .filter(|p| p.starts_with("etc/containerd") || p.starts_with("opt"))
+        .collect();
+    let before_engine: Vec<&PathBuf> = before
+        .keys()
+        .filter(|p| p.starts_with("etc/containerd") || p.starts_with("opt"))
+        .collect();
+    assert_eq!(engine_files, before_engine);
+    assert_eq!(
+        std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap(),
+        CONTAINERD
+    );
+    // CRI-O: containerd only.
+    let (_, mut o) = setup("nri-crio", Engine::Crio);
+    o.mode = Mode::Nri;
+    let e = install(&o, &mut RecordingHost::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("containerd only"), "{e}");
 }

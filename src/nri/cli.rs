@@ -17,8 +17,9 @@ pub struct Args {
     /// Plugin name: what the runtime's `required_plugins` names.
     #[arg(long, env = ENV_NAME, default_value = "gpufence")]
     pub name: String,
-    /// Two-digit plugin index (plugins are called in ascending order).
-    #[arg(long, env = ENV_INDEX, default_value = "10")]
+    /// Two-digit plugin index (plugins are called in ascending order; 90: late, see
+    /// `runtime::nri_config::PLUGIN_INDEX`).
+    #[arg(long, env = ENV_INDEX, default_value = crate::runtime::nri_config::PLUGIN_INDEX)]
     pub index: String,
 }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::exit::Exit;
 
-use super::configure::Engine;
+use super::configure::{Engine, Mode};
 use super::unconfigure::{self, Target};
 
 #[derive(clap::Subcommand, Debug)]
@@ -36,6 +36,10 @@ pub struct EngineArgs {
     /// Where `configure` records what it changed, for `unconfigure`.
     #[arg(long, default_value = unconfigure::DEFAULT_RECORD_DIR)]
     pub record_dir: PathBuf,
+    /// The applier to set up: `runtime` (the runtime handler) or `nri` (containerd ≥ 2.2: NRI
+    /// enabled, its default validator requiring the plugin named by `--handler`).
+    #[arg(long, value_enum, default_value = "runtime")]
+    pub mode: Mode,
 }
 
 #[derive(clap::Args, Debug)]
@@ -64,6 +68,7 @@ impl EngineArgs {
             binary,
             handler: self.handler.clone(),
             record_dir: self.record_dir.clone(),
+            mode: self.mode,
         }
     }
 }

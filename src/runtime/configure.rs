@@ -84,6 +84,28 @@ impl Engine {
     }
 }
 
+/// Which of gpufence's appliers `configure` (and `install`) sets up in the engine.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The `gpufence` runtime handler (`gpufence-runtime`, a RuntimeClass).
+    #[default]
+    Runtime,
+    /// The NRI plugin (containerd ≥ 2.2): NRI enabled, its default validator requiring the
+    /// plugin (`super::nri_config`).
+    Nri,
+}
+
 /// One file to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileWrite {
@@ -121,7 +143,7 @@ pub fn read_optional(path: &Path) -> Result<Option<String>, ConfigureError> {
     }
 }
 
-fn file_write(path: PathBuf, contents: String, mode: u32) -> Result<FileWrite, ConfigureError> {
+pub fn file_write(path: PathBuf, contents: String, mode: u32) -> Result<FileWrite, ConfigureError> {
     let unchanged = read_optional(&path)?.as_deref() == Some(contents.as_str());
     Ok(FileWrite {
         path,
@@ -166,6 +188,20 @@ pub fn plan_writes_at(
     binary: &Path,
     handler: &str,
 ) -> Result<Vec<FileWrite>, ConfigureError> {
+    plan_writes_mode(root, engine, config, binary, handler, Mode::Runtime)
+}
+
+/// [`plan_writes_at`] for the applier `mode`: with [`Mode::Nri`] (containerd only) the drop-in
+/// enables NRI and requires the plugin named `handler` ([`super::nri_config`]); `binary` is
+/// then unused.
+pub fn plan_writes_mode(
+    root: &Path,
+    engine: Engine,
+    config: &Path,
+    binary: &Path,
+    handler: &str,
+    mode: Mode,
+) -> Result<Vec<FileWrite>, ConfigureError> {
     if handler.is_empty()
         || !handler
             .bytes()
@@ -177,6 +213,9 @@ pub fn plan_writes_at(
         });
     }
     let here = |p: &Path| in_root(root, p);
+    if mode == Mode::Nri {
+        return super::nri_config::plan_writes(root, engine, config, handler);
+    }
     let drop_in = drop_in_path(engine, config, handler);
     match (engine, drop_in) {
         (Engine::Containerd, Some(drop_in_path)) => {
@@ -235,7 +274,7 @@ pub fn write(w: &FileWrite) -> std::io::Result<()> {
     r
 }
 
-fn string_array<'a>(items: impl IntoIterator<Item = &'a str>) -> Array {
+pub fn string_array<'a>(items: impl IntoIterator<Item = &'a str>) -> Array {
     let mut a = Array::new();
     for i in items {
         a.push(i);
@@ -255,15 +294,7 @@ pub fn containerd(
         path: main_path.to_path_buf(),
         message,
     };
-    let mut doc: DocumentMut = main
-        .parse()
-        .map_err(|e: toml_edit::TomlError| parse_err(e.message().to_string()))?;
-    let version = match doc.get("version") {
-        None => 1,
-        Some(v) => v
-            .as_integer()
-            .ok_or_else(|| parse_err("version is not an integer".into()))?,
-    };
+    let (mut doc, version) = parse_containerd(main, main_path)?;
     let plugin = match version {
         2 => "io.containerd.grpc.v1.cri",
         // containerd 2.0–2.2 write version 3, 2.3 writes version 4: the CRI runtime plugin
@@ -355,7 +386,13 @@ pub fn containerd(
     ));
     let drop_in = drop_in.to_string();
 
-    // The main file: only an `imports` entry is added.
+    add_import(&mut doc, drop_in_path).map_err(parse_err)?;
+    Ok((doc.to_string(), drop_in))
+}
+
+/// The containerd main file's only change: an `imports` entry for `drop_in_path`, unless an
+/// entry (the file, or a glob of its directory) already covers it.
+pub fn add_import(doc: &mut DocumentMut, drop_in_path: &Path) -> Result<(), String> {
     let import = drop_in_path.display().to_string();
     let dir = drop_in_path.parent().map(|d| d.display().to_string());
     let covered = |s: &str| {
@@ -371,13 +408,34 @@ pub fn containerd(
         Some(item) => {
             let arr = item
                 .as_array_mut()
-                .ok_or_else(|| parse_err("imports is not an array".into()))?;
+                .ok_or_else(|| "imports is not an array".to_string())?;
             if !arr.iter().any(|v| v.as_str().is_some_and(covered)) {
                 arr.push(import.as_str());
             }
         }
     }
-    Ok((doc.to_string(), drop_in))
+    Ok(())
+}
+
+/// A containerd main file parsed, with its config `version` (absent: 1).
+pub fn parse_containerd(
+    main: &str,
+    main_path: &Path,
+) -> Result<(DocumentMut, i64), ConfigureError> {
+    let parse_err = |message: String| ConfigureError::Parse {
+        path: main_path.to_path_buf(),
+        message,
+    };
+    let doc: DocumentMut = main
+        .parse()
+        .map_err(|e: toml_edit::TomlError| parse_err(e.message().to_string()))?;
+    let version = match doc.get("version") {
+        None => 1,
+        Some(v) => v
+            .as_integer()
+            .ok_or_else(|| parse_err("version is not an integer".to_string()))?,
+    };
+    Ok((doc, version))
 }
 
 /// CRI-O drop-in.

@@ -26,6 +26,7 @@ pub mod cli;
 pub mod configure;
 pub mod folders;
 pub mod ldcache;
+pub mod nri_config;
 pub mod phases;
 pub mod runclog;
 pub mod unconfigure;

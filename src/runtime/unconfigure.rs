@@ -281,13 +281,28 @@ pub struct Target {
     pub engine: Engine,
     pub config: PathBuf,
     pub binary: PathBuf,
+    /// The runtime handler, or with [`configure::Mode::Nri`] the NRI plugin's name.
     pub handler: String,
     pub record_dir: PathBuf,
+    pub mode: configure::Mode,
 }
 
 impl Target {
+    /// What the engine configuration is kept under (drop-in, record): the handler, or
+    /// `<name>-nri` for the NRI mode.
+    pub fn config_name(&self) -> String {
+        match self.mode {
+            configure::Mode::Runtime => self.handler.clone(),
+            configure::Mode::Nri => super::nri_config::config_name(&self.handler),
+        }
+    }
     pub fn record_path(&self) -> PathBuf {
-        record_path(&self.record_dir, self.engine, &self.config, &self.handler)
+        record_path(
+            &self.record_dir,
+            self.engine,
+            &self.config,
+            &self.config_name(),
+        )
     }
 }
 
@@ -323,7 +338,8 @@ pub type Report = Vec<String>;
 /// `configure`: record, then write the engine's files. With `dry_run` nothing is written and
 /// the report carries the new contents.
 pub fn apply_configure(t: &Target, dry_run: bool) -> Result<Report, ApplyError> {
-    let writes = configure::plan_writes_at(&t.root, t.engine, &t.config, &t.binary, &t.handler)?;
+    let writes =
+        configure::plan_writes_mode(&t.root, t.engine, &t.config, &t.binary, &t.handler, t.mode)?;
     let mut report = Vec::new();
     if dry_run {
         for w in &writes {
@@ -344,7 +360,7 @@ pub fn apply_configure(t: &Target, dry_run: bool) -> Result<Report, ApplyError> 
         &t.root,
         t.engine,
         &t.config,
-        &t.handler,
+        &t.config_name(),
         &writes,
         previous.as_ref(),
     )?;
@@ -375,7 +391,13 @@ pub fn apply_configure(t: &Target, dry_run: bool) -> Result<Report, ApplyError> 
 pub fn apply_unconfigure(t: &Target, dry_run: bool) -> Result<Report, ApplyError> {
     let rpath = t.record_path();
     let record = load_record(&rpath)?;
-    let plan = plan_unconfigure(&t.root, t.engine, &t.config, &t.handler, record.as_ref())?;
+    let plan = plan_unconfigure(
+        &t.root,
+        t.engine,
+        &t.config,
+        &t.config_name(),
+        record.as_ref(),
+    )?;
     let verb = |done: &str, would: &str| {
         if dry_run {
             would.to_string()
