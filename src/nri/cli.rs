@@ -21,9 +21,17 @@ pub struct Args {
     /// `runtime::nri_config::PLUGIN_INDEX`).
     #[arg(long, env = ENV_INDEX, default_value = crate::runtime::nri_config::PLUGIN_INDEX)]
     pub index: String,
+    /// Run inside this directory as the root (chroot) before anything else: the DaemonSet
+    /// variant, whose pod mounts the host's `/` there, so that the configuration, state,
+    /// devices, driver files and the paths written into adjustments are the host's.
+    #[arg(long)]
+    pub host_root: Option<PathBuf>,
 }
 
 pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
+    if let Some(root) = &args.host_root {
+        enter_host_root(root)?;
+    }
     let cfg = crate::config::Config::load(config)?;
     crate::logging::init(&cfg);
     let transport =
@@ -40,6 +48,14 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     )
     .map_err(Exit::invalid)?;
     plugin.run().map_err(Exit::env)
+}
+
+/// chroot into `root` (the host's `/` as mounted in the plugin's pod) and move to its `/`.
+fn enter_host_root(root: &Path) -> Result<(), Exit> {
+    nix::unistd::chroot(root)
+        .map_err(|e| Exit::env(format!("--host-root {}: chroot: {e}", root.display())))?;
+    std::env::set_current_dir("/")
+        .map_err(|e| Exit::env(format!("--host-root {}: chdir /: {e}", root.display())))
 }
 
 /// `--socket`, else the inherited connection in `NRI_PLUGIN_SOCKET`, else the default socket.
@@ -106,6 +122,17 @@ mod tests {
         let fd = a.into_raw_fd();
         let owned = inherited_fd(&fd.to_string()).unwrap();
         assert_eq!(owned.as_raw_fd(), fd);
+    }
+
+    #[test]
+    fn a_missing_host_root_is_one_line_naming_it() {
+        let e = enter_host_root(Path::new("/nonexistent-gpufence-host")).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("--host-root /nonexistent-gpufence-host: chroot: "),
+            "{}",
+            e.message
+        );
     }
 
     use std::os::unix::net::UnixStream;
