@@ -820,14 +820,32 @@ fn nri_enforces_the_plan() {
         }
         cri_support::client(&py2, &req)
     });
+    // Started: its status record has the init pid (PostStartContainer).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while state_dirs(&node.state_dir).is_empty() {
-        assert!(Instant::now() < deadline, "long-pod not created");
+    let started = || {
+        state_dirs(&node.state_dir).iter().any(|d| {
+            std::fs::read_to_string(d.join("status.json")).is_ok_and(|t| t.contains("\"pid\""))
+        })
+    };
+    while !started() {
+        assert!(Instant::now() < deadline, "long-pod not started");
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(plugin);
     let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
     wait_registered(&node.log, 2);
+    // `gpufence ps` sees the running NRI container, on GPU 1 with its quota.
+    let (code, ps, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&node.config)
+            .args(["ps", "--json"]),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        ps.contains(&gpufence::sim::gpu_uuid(1)) && ps.contains(&(3u64 << 30).to_string()),
+        "{ps}"
+    );
     let r = pod(
         &py,
         &c,

@@ -29,6 +29,9 @@ pub trait Handler: Send + Sync {
     /// Container `id` stopped or was removed (clean what creating it left behind).
     fn container_gone(&self, id: &str, why: Gone);
 
+    /// Container `ctr` started (its init pid in `ctr.pid`). Default: nothing to do.
+    fn container_started(&self, _pod: &PodSandbox, _ctr: &Container) {}
+
     /// The runtime's pods and containers when the plugin (re)connects (all Synchronize parts
     /// together). Default: nothing to do.
     fn synchronize(&self, _pods: &[PodSandbox], _containers: &[Container]) {}
@@ -152,6 +155,26 @@ impl Handler for PlanHandler {
                 );
                 Err(line)
             }
+        }
+    }
+
+    fn container_started(&self, _pod: &PodSandbox, ctr: &Container) {
+        // NRI gives no pid at create: the status record learns it now, so `gpufence ps` can
+        // reach the container's accounting region (the hook mode records its pid the same way).
+        let id = ctr.id.as_str();
+        if ctr.pid <= 1 || !crate::text::valid_container_id(id) {
+            return;
+        }
+        let dir = self.cfg.container_state_dir(id);
+        let Ok(bytes) = std::fs::read(dir.join(crate::status::meta::FILE_NAME)) else {
+            return; // no GPU (nothing recorded)
+        };
+        let recorded = crate::status::meta::Meta::parse(&bytes).and_then(|mut m| {
+            m.locator.pid = Some(ctr.pid);
+            crate::status::meta::write(&dir, &m).map_err(|e| e.to_string())
+        });
+        if let Err(e) = recorded {
+            tracing::warn!(container = id, error = %e, "NRI: init pid not recorded; gpufence ps will not show the container");
         }
     }
 
@@ -288,6 +311,16 @@ mod tests {
         );
         // No pod UID from NRI: no CRI identity (so no container name), no kubelet record.
         assert_eq!(meta.container, None);
+        // Started: the init pid joins the record.
+        let started = Container {
+            pid: 4242,
+            ..ctr(&[], &[])
+        };
+        h.container_started(&p, &started);
+        let meta =
+            crate::status::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
+                .unwrap();
+        assert_eq!(meta.locator.pid, Some(4242));
         // Stop, then remove: the state goes (as `gpufence-runtime delete` removes it).
         h.container_gone("c1", Gone::Stopped);
         assert!(!state.exists());

@@ -18,11 +18,12 @@ pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 /// The ttrpc service name of NRI's Runtime service.
 pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
-/// The events gpufence subscribes to: CreateContainer, StopContainer, RemoveContainer (NRI's
-/// `EventMask`: bit `event - 1`).
+/// The events gpufence subscribes to: CreateContainer, PostStartContainer (the init pid, for
+/// `gpufence ps`), StopContainer, RemoveContainer (NRI's `EventMask`: bit `event - 1`).
 pub fn event_mask() -> i32 {
     [
         api::Event::CreateContainer,
+        api::Event::PostStartContainer,
         api::Event::StopContainer,
         api::Event::RemoveContainer,
     ]
@@ -107,6 +108,14 @@ impl Service {
                 let req: api::CreateContainerRequest = decode(method, payload)?;
                 self.create(req).map(|r| r.encode_to_vec())
             }
+            "PostStartContainer" => {
+                let req: api::PostStartContainerRequest = decode(method, payload)?;
+                if let Some(c) = &req.container {
+                    self.handler
+                        .container_started(&req.pod.unwrap_or_default(), c);
+                }
+                Ok(api::PostStartContainerResponse::default().encode_to_vec())
+            }
             "StopContainer" => {
                 let req: api::StopContainerRequest = decode(method, payload)?;
                 self.gone(req.container.as_ref(), Gone::Stopped);
@@ -122,6 +131,11 @@ impl Service {
                 let req: api::StateChangeEvent = decode(method, payload)?;
                 if req.event == api::Event::RemoveContainer as i32 {
                     self.gone(req.container.as_ref(), Gone::Removed);
+                } else if req.event == api::Event::PostStartContainer as i32
+                    && let Some(c) = &req.container
+                {
+                    self.handler
+                        .container_started(&req.pod.unwrap_or_default(), c);
                 }
                 Ok(api::Empty {}.encode_to_vec())
             }
@@ -300,9 +314,9 @@ mod tests {
     }
 
     #[test]
-    fn mask_is_create_stop_remove() {
-        // Event numbers 4, 10, 11 → bits 3, 9, 10.
-        assert_eq!(event_mask(), (1 << 3) | (1 << 9) | (1 << 10));
+    fn mask_is_create_post_start_stop_remove() {
+        // Event numbers 4, 7, 10, 11 → bits 3, 6, 9, 10.
+        assert_eq!(event_mask(), (1 << 3) | (1 << 6) | (1 << 9) | (1 << 10));
         let (_, s) = service();
         let out = s.call(
             PLUGIN_SERVICE,
