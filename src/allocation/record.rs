@@ -12,7 +12,10 @@ use crate::kubelet::{self, KubeletSource, PodIdentity};
 /// Read kubelet's record for the container of `spec` (the edge). `override_path` is
 /// `gpufence plan --kubelet-checkpoint FILE`: read even where no kubelet directory exists.
 pub fn load(cfg: &Config, spec: &serde_json::Value, override_path: Option<&Path>) -> KubeletSource {
-    if !cfg.allocation.trust_env.is_kubelet() {
+    // kubelet's record counts for env (trust-env = "kubelet") and for time-slicing shares.
+    if !cfg.allocation.trust_env.is_kubelet()
+        && cfg.sharing.replicas == crate::config::ReplicasPolicy::Off
+    {
         return KubeletSource::Absent;
     }
     let path: PathBuf = override_path

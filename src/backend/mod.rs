@@ -236,6 +236,7 @@ pub(crate) mod tests {
                     uuid: u.to_string(),
                     memory_limit: *m,
                     cores: *c,
+                    replica: None,
                 })
                 .collect(),
             oversubscribe: false,

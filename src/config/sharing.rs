@@ -20,6 +20,33 @@ use crate::config::ConfigError;
 pub struct SharingConfig {
     /// MPS control daemons; absent: no GPU of this node is shared through MPS.
     pub mps: Option<MpsConfig>,
+    /// `sharing.replicas`: what a time-slicing replica of a GPU (`<id>::<k>` in kubelet's
+    /// record) is worth.
+    pub replicas: ReplicasPolicy,
+    /// `sharing.replica-cores-policy`: the cores policy of replica compute shares.
+    pub replica_cores_policy: CoresPolicy,
+}
+
+/// `sharing.replicas`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicasPolicy {
+    /// r of a GPU's N replicas = r/N of its memory (hard) and compute.
+    #[default]
+    Equal,
+    /// Replicas carry no limit.
+    Off,
+}
+
+/// A compute share's policy (`gpufence.dev/cores-policy` has the same two values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoresPolicy {
+    /// Never above the share.
+    Hard,
+    /// Idle GPU time may be used; back to the share under contention.
+    #[default]
+    Burst,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

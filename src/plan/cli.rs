@@ -235,6 +235,9 @@ pub fn render(p: &Plan) -> String {
                     d.cores
                         .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%"))
                 );
+                if let Some(r) = &d.replica {
+                    let _ = writeln!(s, "      {}", r.describe(&d.uuid, Some(a.cores_burst)));
+                }
             }
             for f in &a.foreign_cdi {
                 let _ = writeln!(s, "  CDI {} (from {})", f.name, f.spec_path);
