@@ -113,7 +113,7 @@ fn one_of_four_is_a_quarter_with_burst() {
     let text = gpufence::plan::cli::render(&p);
     assert!(
         text.contains(&format!(
-            "replica 1 of 4 of {} (nvidia.com/gpu) → 20Gi, 25 % burst",
+            "replica 1 of 4 of {} (nvidia.com/gpu) → 20 GiB, 25 % burst",
             uuid(1)
         )),
         "{text}"
@@ -235,7 +235,7 @@ fn renamed_resource_next_to_whole_gpus() {
     );
     let text = gpufence::plan::cli::render(&p);
     assert!(
-        text.contains("(nvidia.com/gpu.shared) → 40Gi, 50 % burst"),
+        text.contains("(nvidia.com/gpu.shared) → 40 GiB, 50 % burst"),
         "{text}"
     );
     let p = plan(&container("other-pod", "app", &u0, &[]), &cp, &config()).unwrap();
@@ -308,7 +308,7 @@ fn an_annotation_may_lower_the_share_never_raise_it() {
     );
     assert!(!burst(&p));
     for (key, value, what) in [
-        ("gpufence.dev/memory", "30Gi", "20Gi"),
+        ("gpufence.dev/memory", "30Gi", "20 GiB"),
         ("gpufence.dev/cores", "50", "25 %"),
     ] {
         let raise = container(POD, "app", &uuid(1), &[(key, value)]);

@@ -46,7 +46,7 @@ pub struct ReplicaShare {
 }
 
 impl ReplicaShare {
-    /// `replica 2 of 4 of GPU-… (nvidia.com/gpu) → 20Gi, 25 % burst` (`uuid`: the device's;
+    /// `replica 2 of 4 of GPU-… (nvidia.com/gpu) → 20 GiB, 25 % burst` (`uuid`: the device's;
     /// `burst`: the policy, when known).
     pub fn describe(&self, uuid: &str, burst: Option<bool>) -> String {
         let policy = match burst {
@@ -64,9 +64,15 @@ impl ReplicaShare {
             self.held,
             self.of,
             self.resource,
-            crate::quantity::format_bytes(self.memory),
+            gib(self.memory),
         )
     }
+}
+
+/// `20 GiB`, `19.91 GiB`.
+fn gib(bytes: u64) -> String {
+    let g = format!("{:.2}", bytes as f64 / (1u64 << 30) as f64);
+    format!("{} GiB", g.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// The share of `held` of `of` replicas of a device of `memory` bytes. Pure.
@@ -148,14 +154,7 @@ pub(super) fn apply(
         };
         let what = format!("{resource}: {h} of {of} replicas of {}", r.uuid);
         if h < of {
-            cap(
-                &mut memory[i],
-                mem,
-                r,
-                &s,
-                &what,
-                crate::quantity::format_bytes,
-            )?;
+            cap(&mut memory[i], mem, r, &s, &what, gib)?;
             out.sources.push(source_of("memory", &what));
             if let Some(c) = share_cores {
                 cap(&mut cores[i], c, r, &s, &what, |c| format!("{c} %"))?;
