@@ -1,12 +1,20 @@
-//! Generates the Rust types of kubelet's device plugin `ContainerAllocateResponse` (the
-//! `AllocResp` of its device-manager checkpoint) from `proto/deviceplugin/v1beta1/allocate.proto`
-//! with protox (a protobuf compiler in Rust, so neither `protoc` nor any system package is
-//! needed) and prost-build.
+//! Generates Rust types from the vendored protobuf schemas with protox (a protobuf compiler in
+//! Rust, so neither `protoc` nor any system package is needed) and prost-build:
+//! - kubelet's device plugin `ContainerAllocateResponse` (the `AllocResp` of its device-manager
+//!   checkpoint), `proto/deviceplugin/v1beta1/allocate.proto`;
+//! - the NRI API (`proto/nri/api.proto`, containerd/nri v0.12.0) and the ttrpc envelope
+//!   (`proto/ttrpc/ttrpc.proto`) that `gpufence nri` speaks.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTO: &str = "proto/deviceplugin/v1beta1/allocate.proto";
-    println!("cargo:rerun-if-changed={PROTO}");
-    let fds = protox::compile([PROTO], ["proto"])?;
+    const PROTOS: [&str; 3] = [
+        "proto/deviceplugin/v1beta1/allocate.proto",
+        "proto/nri/api.proto",
+        "proto/ttrpc/ttrpc.proto",
+    ];
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(PROTOS, ["proto"])?;
     prost_build::Config::new()
         // Maps decode into BTreeMap: one order for every reader, duplicates resolved as protobuf
         // says (last wins) — the checkpoint reader refuses them before that matters.

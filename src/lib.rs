@@ -17,7 +17,8 @@
 //! 6. **applier support** — [`enter`] (namespaces, in-rootfs paths), [`cgroup`] (device rules),
 //!    [`hostfiles`] (a plan's host files), [`driverlimits`] (NVML limits on a cgroup);
 //! 7. **appliers and readers** — [`runtime`] (the spec, `gpufence-runtime`), [`hook`] (the
-//!    namespace, hooks.d), [`cdigen`] (CDI specs), [`status`] (`ps`, exporter), [`install`],
+//!    namespace, hooks.d), [`nri`] (an NRI adjustment), [`cdigen`] (CDI specs), [`status`]
+//!    (`ps`, exporter), [`install`],
 //!    [`sim`] (the simulated node).
 //!
 //! The contract (commands, annotations, config keys, quota environment) is the project's
@@ -43,6 +44,7 @@ pub mod kubelet;
 pub mod ldso;
 pub mod logging;
 pub mod mps;
+pub mod nri;
 pub mod plan;
 pub mod quantity;
 pub use gpufence_format::quota;

@@ -23,7 +23,7 @@ mod runtime_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cri_support::{Containerd, import_image, import_rootfs, operator_config, pod_request};
+use cri_support::{Containerd, client, import_image, import_rootfs, operator_config};
 use runtime_support::node;
 
 const CLIENT: &str = "/usr/local/bin/cuda_client proc";
@@ -124,7 +124,7 @@ fn together(
                         "command": ["/bin/sh", "-c", script], "timeout": 90,
                         "envs": {"NVIDIA_VISIBLE_DEVICES": gpu1},
                     });
-                    let r = pod_request(py, &req);
+                    let r = client(py, &req);
                     assert_eq!(r["stage"], "done", "{r}");
                     assert_eq!(r["exit_code"], 0, "{r}");
                     r

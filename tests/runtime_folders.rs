@@ -125,7 +125,7 @@ fn driver_folders_serve_a_working_container() {
     );
     assert_eq!(code, 0, "{err}");
     let planned: serde_json::Value = serde_json::from_str(&planned).unwrap();
-    let lib = planned["edits"]["mounts"]
+    let lib = planned["driverFolders"]["mounts"]
         .as_array()
         .unwrap()
         .iter()
@@ -136,10 +136,14 @@ fn driver_folders_serve_a_working_container() {
         host.starts_with(folders.to_str().unwrap()) && host.ends_with("/lib"),
         "{host}"
     );
+    assert_eq!(planned["driverFolders"]["prepared"], false, "{planned}");
+    // The plan's own edits keep the per-file binds (hook mode and CDI render those).
     assert!(
-        planned["notes"]
-            .to_string()
-            .contains("made by the first create"),
+        planned["edits"]["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["containerPath"] != "/usr/local/nvidia/lib64"),
         "{planned}"
     );
     assert!(!folders.exists(), "plan changed nothing");

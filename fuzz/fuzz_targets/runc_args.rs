@@ -4,7 +4,8 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 
-use gpufence::runtime::args::{parse, valid_container_id};
+use gpufence::runtime::args::parse;
+use gpufence::text::valid_container_id;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -55,11 +55,7 @@ mod tests {
     use super::*;
 
     fn inputs(policy: Option<&str>) -> Inputs {
-        let mut i = Inputs {
-            annotations: Default::default(),
-            env: vec![],
-            mounts: vec![],
-        };
+        let mut i = Inputs::default();
         if let Some(p) = policy {
             i.annotations
                 .insert(ANN_CORES_POLICY.to_string(), p.to_string());

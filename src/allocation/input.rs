@@ -1,11 +1,15 @@
-//! The parts of `config.json` the dialects read: annotations, the process env, mounts.
+//! The request: what gpufence reads of a container — annotations, the process env, mounts, its
+//! user namespace and root — parsed once, strictly, at the front door ([`Inputs::from_spec`]
+//! for an OCI `config.json`; the NRI plugin builds the same from its request) into one typed
+//! value that the allocation, the plan and the appliers read. Nothing downstream parses
+//! `config.json` again.
 
 use std::collections::BTreeMap;
 
 use super::AllocationError;
 
 /// Annotations, process env and mount destinations of one container.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inputs {
     /// `annotations` (sorted by key, so every reader sees them in one order).
     pub annotations: BTreeMap<String, String>,
@@ -13,7 +17,19 @@ pub struct Inputs {
     pub env: Vec<(String, String)>,
     /// `mounts[]` as (destination, source); a missing source is `""`.
     pub mounts: Vec<(String, String)>,
+    /// The container has a user namespace (its own or a joined one).
+    pub user_namespace: bool,
+    /// `root.path` as written (relative to the bundle unless absolute); `None` when absent or
+    /// empty.
+    pub root_path: Option<String>,
 }
+
+/// Each engine's container-type annotation: (key, the value for a pod sandbox, engine).
+const SANDBOX_KEYS: [(&str, &str, &str); 3] = [
+    ("io.kubernetes.cri.container-type", "sandbox", "containerd"),
+    ("io.kubernetes.cri-o.ContainerType", "sandbox", "cri-o"),
+    ("io.kubernetes.docker.type", "podsandbox", "dockershim"),
+];
 
 impl Inputs {
     /// Read the inputs from a parsed `config.json`. Non-string annotation values or env entries
@@ -74,7 +90,50 @@ impl Inputs {
                 }
             }
         }
+        inputs.user_namespace = spec
+            .pointer("/linux/namespaces")
+            .and_then(|n| n.as_array())
+            .is_some_and(|n| {
+                n.iter()
+                    .any(|ns| ns.get("type").and_then(|t| t.as_str()) == Some("user"))
+            });
+        inputs.root_path = spec
+            .pointer("/root/path")
+            .and_then(|p| p.as_str())
+            .filter(|p| !p.is_empty())
+            .map(str::to_string);
         Ok(inputs)
+    }
+
+    /// The CRI annotation marking a pod sandbox (pause) container, if this is one. Every
+    /// engine's key present must say sandbox: a pod can carry another engine's key as a pod
+    /// annotation (CRI-O passes pod annotations into the spec, where containerd's key is never
+    /// set by the engine), so one key saying "sandbox" while the creating engine's says
+    /// "container" (or anything else) is a container, and gets its plan.
+    pub fn sandbox_kind(&self) -> Option<&'static str> {
+        let mut kind = None;
+        for (key, sandbox, engine) in SANDBOX_KEYS {
+            match self.annotations.get(key) {
+                None => {}
+                Some(v) if v == sandbox => kind = kind.or(Some(engine)),
+                Some(_) => return None,
+            }
+        }
+        kind
+    }
+
+    /// Whether the request names CDI devices (`cdi.k8s.io/*` annotations): only then are the
+    /// node's CDI spec directories read.
+    pub fn wants_cdi(&self) -> bool {
+        self.annotations
+            .keys()
+            .any(|k| k.starts_with(crate::cdi::parse::ANNOTATION_PREFIX))
+    }
+
+    /// The process `PATH`: the first `PATH=` of the env (the one `getenv` returns and the one
+    /// the spec editor replaces).
+    pub fn path(&self) -> Option<&str> {
+        self.env_first("PATH")
     }
 
     /// A trusted env variable: the value, or an error when it is set more than once with

@@ -205,8 +205,20 @@ pub fn read_with(
     cdi_specs: &[crate::cdi::LoadedSpec],
     kubelet: &crate::kubelet::KubeletSource,
 ) -> Result<Intake, AllocationError> {
+    let request = Inputs::from_spec(spec)?;
+    read_request(&request, inventory, config, cdi_specs, kubelet)
+}
+
+/// [`read_with`] for a request already parsed at the front door ([`Inputs`]). Pure.
+pub fn read_request(
+    request: &Inputs,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    kubelet: &crate::kubelet::KubeletSource,
+) -> Result<Intake, AllocationError> {
     let mut intake = Intake::default();
-    let mut raw = Inputs::from_spec(spec)?;
+    let mut raw = request.clone();
     let dropped = libpod::drop_untrusted(
         &mut raw.annotations,
         config.allocation.trust_libpod_annotations,

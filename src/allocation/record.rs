@@ -3,15 +3,15 @@
 //! checkpoint itself ([`crate::kubelet`] parses it). The allocation checks what it got against
 //! this record.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::input::Inputs;
 use crate::config::Config;
 use crate::kubelet::{self, KubeletSource, PodIdentity};
 
-/// Read kubelet's record for the container of `spec` (the edge). `override_path` is
+/// Read kubelet's record for the container of `request` (the edge). `override_path` is
 /// `gpufence plan --kubelet-checkpoint FILE`: read even where no kubelet directory exists.
-pub fn load(cfg: &Config, spec: &serde_json::Value, override_path: Option<&Path>) -> KubeletSource {
+pub fn load(cfg: &Config, request: &Inputs, override_path: Option<&Path>) -> KubeletSource {
     // kubelet's record counts for env (trust-env = "kubelet") and for time-slicing shares.
     if !cfg.allocation.trust_env.is_kubelet()
         && cfg.sharing.replicas == crate::config::ReplicasPolicy::Off
@@ -22,20 +22,12 @@ pub fn load(cfg: &Config, spec: &serde_json::Value, override_path: Option<&Path>
         .map(Path::to_path_buf)
         .unwrap_or_else(|| cfg.kubelet.checkpoint.clone());
     let shown = path.display().to_string();
-    let ann: BTreeMap<String, String> = spec
-        .get("annotations")
-        .and_then(|a| a.as_object())
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                .collect()
-        })
-        .unwrap_or_default();
-    if super::libpod::is_libpod(&ann) && !cfg.allocation.trust_libpod_annotations {
+    let ann = &request.annotations;
+    if super::libpod::is_libpod(ann) && !cfg.allocation.trust_libpod_annotations {
         // podman copies image annotations: a CRI pod identity there may be the image's claim.
         return KubeletSource::Absent;
     }
-    let id = match PodIdentity::from_annotations(&ann) {
+    let id = match PodIdentity::from_annotations(ann) {
         Ok(Some(id)) => id,
         Ok(None) => return KubeletSource::Absent,
         Err(why) => {
@@ -83,22 +75,30 @@ mod tests {
         let mut spec = serde_json::json!({"annotations": {
             kubelet::CRIO_POD_UID: "u", kubelet::CRIO_CONTAINER_NAME: "c"}});
         assert!(
-            matches!(load(&cfg, &spec, None), KubeletSource::Record(r) if r.resources.len() == 1)
+            matches!(load(&cfg, &Inputs::from_spec(&spec).unwrap(), None), KubeletSource::Record(r) if r.resources.len() == 1)
         );
         // podman copies image annotations: its containers never claim a pod's record.
         spec["annotations"]["io.container.manager"] = "libpod".into();
-        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        assert_eq!(
+            load(&cfg, &Inputs::from_spec(&spec).unwrap(), None),
+            KubeletSource::Absent
+        );
         // No kubelet directory: no kubelet (unless the file is named explicitly).
         spec["annotations"]["io.container.manager"] = "cri-o".into();
         cfg.kubelet.checkpoint = d.path().join("missing-dir/kubelet_internal_checkpoint");
-        assert_eq!(load(&cfg, &spec, None), KubeletSource::Absent);
+        assert_eq!(
+            load(&cfg, &Inputs::from_spec(&spec).unwrap(), None),
+            KubeletSource::Absent
+        );
         assert!(matches!(
-            load(&cfg, &spec, Some(&cp)),
+            load(&cfg, &Inputs::from_spec(&spec).unwrap(), Some(&cp)),
             KubeletSource::Record(_)
         ));
         // The directory exists, the file does not: unavailable, naming why.
         cfg.kubelet.checkpoint = d.path().join("gone");
-        assert!(matches!(load(&cfg, &spec, None),
-            KubeletSource::Unavailable { why, .. } if why == "does not exist"));
+        assert!(
+            matches!(load(&cfg, &Inputs::from_spec(&spec).unwrap(), None),
+            KubeletSource::Unavailable { why, .. } if why == "does not exist")
+        );
     }
 }

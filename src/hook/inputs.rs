@@ -11,6 +11,7 @@ use std::process::Command;
 use tracing::info;
 
 use super::HookError;
+use crate::allocation::input::Inputs;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::plan::Plan;
@@ -26,7 +27,7 @@ pub fn plan(
     cfg: &Config,
     spec: &serde_json::Value,
     id: &str,
-) -> Result<(Plan, Vec<u32>), HookError> {
+) -> Result<(Plan, Vec<u32>, Inputs), HookError> {
     let load = |cfg: &Config| {
         inventory(cfg, id).map_err(|e| match e {
             HookError::Inventory(s) => s,
@@ -34,7 +35,7 @@ pub fn plan(
         })
     };
     match intake(cfg, spec, id, load, &CdiSource::default(), None) {
-        Ok(i) => Ok((i.plan, i.inventory.device_majors())),
+        Ok(i) => Ok((i.plan, i.inventory.device_majors(), i.request)),
         Err(IntakeError::Allocation {
             error,
             inventory: None,

@@ -126,7 +126,7 @@ fn enforce_state(
 ) -> Result<(), HookError> {
     let id = st.id.as_str();
     let (spec, rootfs) = state::read_config(&st.bundle)?;
-    let (plan, inventory_majors) = inputs::plan(cfg, &spec, id)?;
+    let (plan, inventory_majors, request) = inputs::plan(cfg, &spec, id)?;
     if plan.grants_nothing() {
         info!(
             container = id,
@@ -168,11 +168,7 @@ fn enforce_state(
             pid,
             ..Default::default()
         };
-        crate::status::meta::record(
-            &plan,
-            spec.get("annotations").and_then(|a| a.as_object()),
-            locator,
-        );
+        crate::status::meta::record(&plan, &request.annotations, locator);
     }
     // Fail closed without leftovers: the state directory is ours (id validated, under
     // state-dir); remove_dir_all does not follow symlinks.
@@ -361,17 +357,21 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
     })
 }
 
-/// The plan's ld cache hook (createContainer `… hook update-ldcache --folder …`): the hook
-/// cannot add hooks to the container, so it refreshes the cache itself after mounting.
+/// The plan's ld cache refresh ([`crate::plan::LdCache`]), or a foreign CDI spec's
+/// `update-ldcache` hook: the hook cannot add hooks to the container, so it refreshes the cache
+/// itself, in the container's mount namespace, after mounting.
 pub(crate) fn ldcache_run(
     plan: &crate::plan::Plan,
 ) -> Result<Option<apply::LdcacheRun>, HookError> {
-    Ok(plan
-        .edits
-        .hooks
-        .iter()
-        .find_map(crate::plan::ldcache_hook_folders)
-        .map(|folders| apply::LdcacheRun { folders }))
+    let folders = match &plan.ld_cache {
+        Some(l) => Some(l.folders.clone()),
+        None => plan
+            .edits
+            .hooks
+            .iter()
+            .find_map(crate::plan::ldcache_hook_folders),
+    };
+    Ok(folders.map(|folders| apply::LdcacheRun { folders }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::allocation::input::Inputs;
 use crate::allocation::{Allocation, AllocationError, DeviceRef};
 use crate::cdi::MountEdit;
 use crate::config::Config;
@@ -61,15 +62,11 @@ pub struct MpsPlan {
     pub defaults: Option<Defaults>,
 }
 
-fn requested(spec: &serde_json::Value, cfg: &Config) -> Result<bool, AllocationError> {
+fn requested(request: &Inputs, cfg: &Config) -> Result<bool, AllocationError> {
     if !cfg.allocation.honours(crate::config::Dialect::Gpufence) {
         return Ok(false);
     }
-    match spec
-        .get("annotations")
-        .and_then(|a| a.get(ANN_SHARING))
-        .map(|v| v.as_str().unwrap_or_default())
-    {
+    match request.annotations.get(ANN_SHARING).map(String::as_str) {
         None => Ok(false),
         Some(v) if v.trim() == "mps" => Ok(true),
         Some(v) => Err(AllocationError::new(ANN_SHARING, v, "expected mps")),
@@ -85,12 +82,12 @@ fn render(template: &str, index: u32, uuid: &str) -> String {
 /// The MPS part of the plan, or `None` when the container's GPUs are not shared through MPS.
 /// Pure.
 pub fn plan(
-    spec: &serde_json::Value,
+    request: &Inputs,
     alloc: &Allocation,
     inv: &Inventory,
     cfg: &Config,
 ) -> Result<Option<MpsPlan>, AllocationError> {
-    let asked = requested(spec, cfg)?;
+    let asked = requested(request, cfg)?;
     let Some(m) = &cfg.sharing.mps else {
         if asked {
             return Err(AllocationError::new(
@@ -330,11 +327,12 @@ mod tests {
     const G0: DeviceRef = DeviceRef::Gpu { index: 0 };
     const G1: DeviceRef = DeviceRef::Gpu { index: 1 };
 
-    fn spec(sharing: Option<&str>) -> serde_json::Value {
-        match sharing {
-            Some(v) => serde_json::json!({"annotations": {ANN_SHARING: v}}),
-            None => serde_json::json!({}),
+    fn spec(sharing: Option<&str>) -> Inputs {
+        let mut r = Inputs::default();
+        if let Some(v) = sharing {
+            r.annotations.insert(ANN_SHARING.to_string(), v.to_string());
         }
+        r
     }
 
     #[test]

@@ -73,8 +73,7 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
-    let (mut plan, cdi_errors) = (intake.plan, intake.cdi_errors);
-    show_driver_folders(&cfg, &spec, &intake.inventory, &mut plan);
+    let (plan, cdi_errors) = (intake.plan, intake.cdi_errors);
     tracing::info!(
         container = %id,
         devices = plan.allocation.as_ref().map_or(0, |a| a.devices.len()),
@@ -96,43 +95,6 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     std::io::stdout()
         .write_all(out.as_bytes())
         .map_err(|e| Exit::env(format!("stdout: {e}")))
-}
-
-/// `runtime.driver-layout = "folders"`: the plan as `gpufence-runtime` will apply it — the
-/// driver file binds folded into folder binds from the directory the runtime prepares (named
-/// here, made by the first create), with a note either way. Reads metadata only.
-fn show_driver_folders(
-    cfg: &Config,
-    spec: &serde_json::Value,
-    inventory: &crate::inventory::Inventory,
-    plan: &mut Plan,
-) {
-    use crate::plan::folders;
-    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
-        return;
-    }
-    let Some(f) = folders::fold(plan, inventory) else {
-        return;
-    };
-    match folders::folder_dir(&cfg.runtime.driver_folders, &inventory.driver_version, &f) {
-        Ok(folders::FolderDir { path: dir, .. }) => {
-            let state = if dir.is_dir() {
-                "prepared"
-            } else {
-                "made by the first create"
-            };
-            f.apply(plan, &dir, cfg, folders::spec_path(spec).as_deref());
-            plan.notes.push(format!(
-                "driver layout \"folders\": {} driver file binds served by {} folder binds from {} ({state}; per-file binds if it cannot be made)",
-                f.folded.len(),
-                f.folders.len(),
-                dir.display()
-            ));
-        }
-        Err(e) => plan.notes.push(format!(
-            "driver layout \"folders\" unavailable ({e}): driver files mounted one by one"
-        )),
-    }
 }
 
 fn fmt_mem(m: Option<u64>) -> String {
@@ -211,6 +173,18 @@ fn render_kubelet(s: &mut String, p: &Plan) {
 pub fn render(p: &Plan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "container {}", p.container_id);
+    render_allocation(&mut s, p);
+    render_kubelet(&mut s, p);
+    render_edits(&mut s, p);
+    render_quota(&mut s, p);
+    for n in &p.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}
+
+/// The allocation and where each facet came from.
+fn render_allocation(s: &mut String, p: &Plan) {
     match &p.allocation {
         None => {
             let _ = writeln!(s, "allocation: none (the container gets no GPU)");
@@ -258,7 +232,11 @@ pub fn render(p: &Plan) -> String {
             }
         }
     }
-    render_kubelet(&mut s, p);
+}
+
+/// The edits every applier renders, and the plan's typed parts the appliers render their own
+/// way (the ld cache refresh, the driver folders layout).
+fn render_edits(s: &mut String, p: &Plan) {
     let e = &p.edits;
     if !e.device_nodes.is_empty() {
         let _ = writeln!(s, "device nodes:");
@@ -308,6 +286,41 @@ pub fn render(p: &Plan) -> String {
         let gids: Vec<String> = e.additional_gids.iter().map(|g| g.to_string()).collect();
         let _ = writeln!(s, "additional gids: {}", gids.join(","));
     }
+    if let Some(l) = &p.ld_cache {
+        let _ = writeln!(
+            s,
+            "ld cache: refreshed for {} (runtime: before runc, in-process; hook: in the container's namespace; NRI and CDI: a createContainer hook)",
+            l.folders.join(", ")
+        );
+    }
+    if let Some(f) = &p.driver_folders {
+        let state = if f.prepared {
+            "prepared"
+        } else {
+            "made by the first create"
+        };
+        let _ = writeln!(
+            s,
+            "driver layout \"folders\" (gpufence-runtime): {} driver file binds served by {} folder binds from {} ({state}; per-file binds if it cannot be made):",
+            f.files, f.folders, f.dir
+        );
+        for m in &f.mounts {
+            let _ = writeln!(
+                s,
+                "  {} <- {}  ({})",
+                m.container_path,
+                m.host_path,
+                m.options.join(",")
+            );
+        }
+        for v in &f.env {
+            let _ = writeln!(s, "  env {v}");
+        }
+    }
+}
+
+/// The quota, its backends, MPS and the host side.
+fn render_quota(s: &mut String, p: &Plan) {
     if let Some(q) = &p.quota {
         let _ = writeln!(
             s,
@@ -372,8 +385,4 @@ pub fn render(p: &Plan) -> String {
             let _ = writeln!(s, "  {o}");
         }
     }
-    for n in &p.notes {
-        let _ = writeln!(s, "note: {n}");
-    }
-    s
 }

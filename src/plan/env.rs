@@ -2,12 +2,13 @@
 //! injection of the shim by `LD_PRELOAD`, and HAMi-core's variables in compatibility mode.
 
 use crate::allocation::Allocation;
+use crate::allocation::input::Inputs;
 use crate::config::{Config, ShimInject};
 
 use super::{CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, HAMI_CACHE_FILE};
 
 /// The env entries (`KEY=value`) the plan adds.
-pub fn env(spec: &serde_json::Value, alloc: &Allocation, config: &Config) -> Vec<String> {
+pub fn env(request: &Inputs, alloc: &Allocation, config: &Config) -> Vec<String> {
     let mut env = Vec::new();
     let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.uuid.as_str()).collect();
     env.push(format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(",")));
@@ -28,9 +29,11 @@ pub fn env(spec: &serde_json::Value, alloc: &Allocation, config: &Config) -> Vec
         env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
     }
     if config.shim.inject == ShimInject::Env {
-        let existing = existing_env(spec, "LD_PRELOAD").filter(|v| !v.trim().is_empty());
+        let existing = request
+            .env_first("LD_PRELOAD")
+            .filter(|v| !v.trim().is_empty());
         let value = match existing {
-            Some(v) if v.split([':', ' ']).any(|p| p == CONTAINER_SHIM_PATH) => v,
+            Some(v) if v.split([':', ' ']).any(|p| p == CONTAINER_SHIM_PATH) => v.to_string(),
             Some(v) => format!("{CONTAINER_SHIM_PATH}:{v}"),
             None => CONTAINER_SHIM_PATH.to_string(),
         };
@@ -66,17 +69,4 @@ fn hami_core_env(alloc: &Allocation, env: &mut Vec<String>) {
     env.push(format!(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_STATE_DIR}/{HAMI_CACHE_FILE}"
     ));
-}
-
-fn existing_env(spec: &serde_json::Value, key: &str) -> Option<String> {
-    spec.get("process")?
-        .get("env")?
-        .as_array()?
-        .iter()
-        .filter_map(|e| e.as_str())
-        .find_map(|e| {
-            e.split_once('=')
-                .filter(|(k, _)| *k == key)
-                .map(|(_, v)| v.to_string())
-        })
 }

@@ -15,16 +15,20 @@
 //!   driver version and a hash of every file's identity (device, inode, size, mtime), so a driver
 //!   upgrade (new inodes) gives a new name. Only regular files qualify (a symlinked driver file
 //!   is refused, never followed).
-//! * [`Folding::apply`] (pure) rewrites the plan's mounts and its ld cache hook's folders, and
-//!   appends [`BIN_FOLDER`] to the process `PATH`.
+//! * [`Folding::layout`] (pure) renders the plan with the folders: its mounts, its ld cache
+//!   folders, and [`BIN_FOLDER`] appended to the process `PATH` — a [`DriverFolders`] the plan
+//!   carries beside its per-file edits ([`decide`], at the front door), which only
+//!   `gpufence-runtime` renders.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::cdi::MountEdit;
 use crate::inventory::{DriverFile, FileKind, Inventory};
-use crate::plan::{Plan, RO_BIND};
+use crate::plan::{LdCache, Plan, RO_BIND};
 
 /// Where the folded driver libraries appear in the container (the folder NVIDIA's CUDA images
 /// already name in `LD_LIBRARY_PATH`).
@@ -64,7 +68,7 @@ pub struct Member {
 }
 
 /// One folder bind: its sub-directory in the prepared directory, where it appears, its files.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Folder {
     pub name: &'static str,
     pub container: String,
@@ -76,7 +80,7 @@ pub struct Folder {
 }
 
 /// What [`fold`] decided for one plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Folding {
     pub folders: Vec<Folder>,
     /// Indices (in `plan.edits.mounts`) of the file binds the folders replace.
@@ -85,6 +89,61 @@ pub struct Folding {
     pub moved: Vec<(usize, String)>,
     /// The library folder the folded libraries came from (renamed in the ld cache hook).
     pub lib_from: Option<String>,
+}
+
+/// `runtime.driver-layout = "folders"` as the plan decided it: the plan's driver file binds
+/// served by folder binds from one prepared host directory. Only `gpufence-runtime` renders it
+/// (hook mode and CDI specs keep the per-file edits): it prepares [`DriverFolders::dir`] and
+/// writes these mounts, env and ld cache folders in place of the plan's — or, where the
+/// directory cannot be prepared (another filesystem, a driver file replaced since), the plan's
+/// per-file edits, with one log line. Either way the plan itself is not changed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverFolders {
+    /// The prepared directory on the host (`runtime.driver-folders/<version>-<hash>`).
+    pub dir: String,
+    /// Whether it exists already (else the first create makes it).
+    pub prepared: bool,
+    /// The container's mounts with this layout (in place of `edits.mounts`).
+    pub mounts: Vec<MountEdit>,
+    /// The ld cache with this layout (the libraries' folder is [`LIB_FOLDER`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ld_cache: Option<LdCache>,
+    /// Env set with this layout, after the plan's (`PATH` naming [`BIN_FOLDER`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Files folded, folders made.
+    pub files: usize,
+    pub folders: usize,
+    /// What was folded: the runtime builds the prepared directory from it.
+    #[serde(skip)]
+    pub folding: Folding,
+}
+
+/// The plan's driver layout (`runtime.driver-layout`), decided at the front door once the rest
+/// of the plan is made: `Ok(None)` for the `files` layout or when folding saves too little,
+/// `Err` (why, for the plan's notes) when the folders cannot be named — the plan then keeps
+/// per-file binds. Reads the driver files' metadata (to name the prepared directory by their
+/// identities), nothing else; `path` is the request's `PATH`.
+pub fn decide(
+    plan: &Plan,
+    inventory: &Inventory,
+    cfg: &crate::config::Config,
+    path: Option<&str>,
+) -> Result<Option<DriverFolders>, FolderError> {
+    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
+        return Ok(None);
+    }
+    let Some(folding) = fold(plan, inventory) else {
+        return Ok(None);
+    };
+    let FolderDir { path: dir, .. } = folder_dir(
+        &cfg.runtime.driver_folders,
+        &inventory.driver_version,
+        &folding,
+    )?;
+    let prepared = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+    Ok(Some(folding.layout(plan, &dir, path, prepared)))
 }
 
 fn folder_of(p: &str) -> Option<(&str, &str)> {
@@ -276,20 +335,20 @@ pub fn folder_dir(
 }
 
 impl Folding {
-    /// Rewrite `plan` to mount the folders of `prepared` (from [`prepare`]); `path` is the
-    /// spec's current `PATH` value, if any.
-    pub fn apply(
+    /// The plan rendered with the folders of `prepared` (pure): the plan's mounts with the folded
+    /// file binds replaced by folder binds, its ld cache folders renamed, `PATH` naming the
+    /// binaries' folder; `path` is the request's current `PATH` value, if any.
+    pub fn layout(
         &self,
-        plan: &mut Plan,
+        plan: &Plan,
         prepared: &Path,
-        cfg: &crate::config::Config,
         path: Option<&str>,
-    ) {
-        let mounts = std::mem::take(&mut plan.edits.mounts);
+        is_prepared: bool,
+    ) -> DriverFolders {
         let first = self.folded.first().copied().unwrap_or(0);
-        let mut out = Vec::with_capacity(mounts.len());
+        let mut out = Vec::with_capacity(plan.edits.mounts.len());
         let mut moved = Vec::new();
-        for (i, mut m) in mounts.into_iter().enumerate() {
+        for (i, m) in plan.edits.mounts.iter().enumerate() {
             if i == first {
                 out.extend(self.folders.iter().map(|f| MountEdit {
                     host_path: prepared.join(f.name).display().to_string(),
@@ -302,11 +361,12 @@ impl Folding {
                 continue;
             }
             if let Some((_, to)) = self.moved.iter().find(|(j, _)| *j == i) {
+                let mut m = m.clone();
                 m.container_path = to.clone();
                 moved.push(m);
                 continue;
             }
-            out.push(m);
+            out.push(m.clone());
         }
         // Read-write binds inside a folder go after the folder's own mount.
         let at = out
@@ -314,33 +374,36 @@ impl Folding {
             .rposition(|m| self.folders.iter().any(|f| f.container == m.container_path))
             .map_or(out.len(), |p| p + 1);
         out.splice(at..at, moved);
-        plan.edits.mounts = out;
 
-        if let Some(from) = &self.lib_from {
-            for h in &mut plan.edits.hooks {
-                let Some(mut folders) = crate::plan::ldcache_hook_folders(h) else {
-                    continue;
-                };
-                if *h != crate::plan::ldcache_hook(cfg, &folders) {
-                    continue;
-                }
+        let ld_cache = plan.ld_cache.as_ref().map(|l| {
+            let mut folders = l.folders.clone();
+            if let Some(from) = &self.lib_from {
                 for f in &mut folders {
                     if f == from {
                         *f = LIB_FOLDER.to_string();
                     }
                 }
                 folders.dedup();
-                *h = crate::plan::ldcache_hook(cfg, &folders);
             }
-        }
+            LdCache { folders }
+        });
+        let mut env = Vec::new();
         if self.folders.iter().any(|f| f.container == BIN_FOLDER) {
             let current = path.unwrap_or(DEFAULT_PATH);
             if !current.split(':').any(|p| p == BIN_FOLDER) {
                 let sep = if current.is_empty() { "" } else { ":" };
-                plan.edits
-                    .env
-                    .push(format!("PATH={current}{sep}{BIN_FOLDER}"));
+                env.push(format!("PATH={current}{sep}{BIN_FOLDER}"));
             }
+        }
+        DriverFolders {
+            dir: prepared.display().to_string(),
+            prepared: is_prepared,
+            mounts: out,
+            ld_cache,
+            env,
+            files: self.folded.len(),
+            folders: self.folders.len(),
+            folding: self.clone(),
         }
     }
 
@@ -375,16 +438,6 @@ impl Folding {
             })
             .collect()
     }
-}
-
-/// The spec's `PATH` (the first `PATH=` of `process.env`, the one `getenv` returns and the
-/// one the spec editor replaces).
-pub fn spec_path(spec: &serde_json::Value) -> Option<String> {
-    spec.pointer("/process/env")?
-        .as_array()?
-        .iter()
-        .find_map(|v| v.as_str()?.strip_prefix("PATH="))
-        .map(str::to_string)
 }
 
 #[cfg(test)]
@@ -575,26 +628,16 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn apply_rewrites_mounts_hook_and_path() {
+    fn layout_renders_mounts_ld_cache_and_path_leaving_the_plan_alone() {
         let (inv, mut plan) = node("/host");
-        let cfg = crate::config::Config::default();
-        plan.edits.hooks.push(crate::plan::ldcache_hook(
-            &cfg,
-            &[L.to_string(), "/usr/lib/i386-linux-gnu".to_string()],
-        ));
+        plan.ld_cache = Some(LdCache {
+            folders: vec![L.to_string(), "/usr/lib/i386-linux-gnu".to_string()],
+        });
+        let before = plan.clone();
         let f = fold(&plan, &inv).unwrap();
-        f.apply(
-            &mut plan,
-            Path::new("/prep/v-1"),
-            &cfg,
-            Some("/usr/bin:/bin"),
-        );
-        let dest: Vec<&str> = plan
-            .edits
-            .mounts
-            .iter()
-            .map(|m| m.container_path.as_str())
-            .collect();
+        let l = f.layout(&plan, Path::new("/prep/v-1"), Some("/usr/bin:/bin"), false);
+        assert_eq!(plan, before, "the plan is not changed");
+        let dest: Vec<&str> = l.mounts.iter().map(|m| m.container_path.as_str()).collect();
         assert_eq!(
             dest,
             [
@@ -607,14 +650,16 @@ pub(crate) mod tests {
                 "/run/nvidia-persistenced/socket",
             ]
         );
-        assert_eq!(plan.edits.mounts[0].host_path, "/prep/v-1/lib");
-        assert_eq!(plan.edits.mounts[0].options, RO_BIND);
-        assert_eq!(plan.edits.mounts[3].options, crate::plan::RW_STATE_BIND);
+        assert_eq!(l.mounts[0].host_path, "/prep/v-1/lib");
+        assert_eq!(l.mounts[0].options, RO_BIND);
+        assert_eq!(l.mounts[3].options, crate::plan::RW_STATE_BIND);
         assert_eq!(
-            crate::plan::ldcache_hook_folders(&plan.edits.hooks[0]).unwrap(),
+            l.ld_cache.as_ref().unwrap().folders,
             [LIB_FOLDER, "/usr/lib/i386-linux-gnu"]
         );
-        assert_eq!(plan.edits.env, [format!("PATH=/usr/bin:/bin:{BIN_FOLDER}")]);
+        assert_eq!(l.env, [format!("PATH=/usr/bin:/bin:{BIN_FOLDER}")]);
+        assert_eq!((l.dir.as_str(), l.prepared), ("/prep/v-1", false));
+        assert_eq!((l.files, l.folders), (f.folded.len(), f.folders.len()));
         assert_eq!(
             f.libraries()[0],
             (
@@ -624,23 +669,20 @@ pub(crate) mod tests {
         );
 
         // PATH already naming the folder is left alone; no PATH at all gets the default.
-        let (inv, mut plan) = node("/host");
+        let (inv, plan) = node("/host");
         let f = fold(&plan, &inv).unwrap();
-        f.apply(
-            &mut plan,
-            Path::new("/p"),
-            &cfg,
-            Some(&format!("{BIN_FOLDER}:/bin")),
+        let path = format!("{BIN_FOLDER}:/bin");
+        assert!(
+            f.layout(&plan, Path::new("/p"), Some(&path), true)
+                .env
+                .is_empty()
         );
-        assert!(plan.edits.env.is_empty());
-        let (inv, mut plan) = node("/host");
-        fold(&plan, &inv)
-            .unwrap()
-            .apply(&mut plan, Path::new("/p"), &cfg, None);
         assert_eq!(
-            plan.edits.env,
+            f.layout(&plan, Path::new("/p"), None, true).env,
             [format!("PATH={DEFAULT_PATH}:{BIN_FOLDER}")]
         );
+        // No ld cache in the plan: none in the layout.
+        assert_eq!(f.layout(&plan, Path::new("/p"), None, true).ld_cache, None);
     }
 
     #[test]
@@ -654,13 +696,6 @@ pub(crate) mod tests {
                 format!("{BIN_FOLDER}/nvidia-smi")
             )]
         );
-    }
-
-    #[test]
-    fn spec_path_is_the_first_path() {
-        let s = serde_json::json!({"process": {"env": ["A=1", "PATH=/a", "PATH=/b"]}});
-        assert_eq!(spec_path(&s).as_deref(), Some("/a"));
-        assert_eq!(spec_path(&serde_json::json!({})), None);
     }
 
     #[test]

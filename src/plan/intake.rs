@@ -1,5 +1,8 @@
-//! The one front door to a plan, used by `gpufence-runtime`, `gpufence hook` and `gpufence plan`:
-//! the pod-sandbox check, the inventory (or none), the CDI specs, and [`super::plan`].
+//! The one front door to a plan, used by `gpufence-runtime`, `gpufence hook`, `gpufence nri` and
+//! `gpufence plan`: the request parsed once ([`Inputs`]), the pod-sandbox check, the inventory
+//! (or none), the CDI specs, kubelet's record, [`super::plan_request`], and what the plan needs
+//! of the host to be final (the MPS daemon's answer, the driver folders' name) — so the plan
+//! that leaves here is what every applier renders, and none changes it.
 //!
 //! The same decisions everywhere: a pod sandbox (pause) container never gets a GPU (pod
 //! annotations reach it too); an unavailable inventory only matters when the container has an
@@ -13,6 +16,7 @@
 use std::path::PathBuf;
 
 use crate::allocation::AllocationError;
+use crate::allocation::input::Inputs;
 use crate::cdi::{CdiError, LoadedSpec};
 use crate::config::Config;
 use crate::inventory::Inventory;
@@ -61,6 +65,8 @@ impl Default for CdiSource {
 /// What the front door found.
 #[derive(Debug)]
 pub struct Intake {
+    /// The request, parsed once: what the appliers read of the container besides the plan.
+    pub request: Inputs,
     pub plan: Plan,
     /// The inventory the plan was made against (empty for a sandbox or when unavailable).
     pub inventory: Inventory,
@@ -83,13 +89,31 @@ pub fn intake(
     cdi: &CdiSource,
     kubelet_checkpoint: Option<&std::path::Path>,
 ) -> Result<Intake, IntakeError> {
+    let request = Inputs::from_spec(spec).map_err(|error| IntakeError::Allocation {
+        id: id.to_string(),
+        error,
+        inventory: None,
+    })?;
+    intake_request(cfg, request, id, load_inventory, cdi, kubelet_checkpoint)
+}
+
+/// [`intake`] for a request parsed elsewhere (the NRI plugin builds it from its own message).
+pub fn intake_request(
+    cfg: &Config,
+    request: Inputs,
+    id: &str,
+    load_inventory: impl FnOnce(&Config) -> Result<Inventory, String>,
+    cdi: &CdiSource,
+    kubelet_checkpoint: Option<&std::path::Path>,
+) -> Result<Intake, IntakeError> {
     let mut out = Intake {
         plan: Plan {
             container_id: id.to_string(),
             ..Plan::default()
         },
         inventory: Inventory::empty(),
-        sandbox: sandbox_kind(spec),
+        sandbox: request.sandbox_kind(),
+        request,
         inventory_error: None,
         cdi_errors: Vec::new(),
     };
@@ -105,7 +129,7 @@ pub fn intake(
         Ok(inv) => out.inventory = inv,
         Err(e) => out.inventory_error = Some(e),
     }
-    let specs = if cdi.always || wants_cdi(spec) {
+    let specs = if cdi.always || out.request.wants_cdi() {
         let (specs, errors) = crate::cdi::load_spec_dirs(&cdi.dirs);
         for e in &errors {
             tracing::warn!(container = id, error = %e, "CDI spec skipped");
@@ -116,15 +140,13 @@ pub fn intake(
         Vec::<LoadedSpec>::new()
     };
     // What kubelet recorded for this container (trust-env = "kubelet"; a small file read).
-    let kubelet = crate::allocation::record::load(cfg, spec, kubelet_checkpoint);
-    out.plan =
-        super::plan_with(spec, id, &out.inventory, cfg, &specs, &kubelet).map_err(|error| {
-            IntakeError::Allocation {
-                id: id.to_string(),
-                error,
-                inventory: out.inventory_error.clone(),
-            }
-        })?;
+    let kubelet = crate::allocation::record::load(cfg, &out.request, kubelet_checkpoint);
+    let planned = super::plan_request(&out.request, id, &out.inventory, cfg, &specs, &kubelet);
+    out.plan = planned.map_err(|error| IntakeError::Allocation {
+        id: id.to_string(),
+        error,
+        inventory: out.inventory_error.clone(),
+    })?;
     if let Some(e) = &out.inventory_error {
         if !out.plan.grants_nothing() {
             return Err(IntakeError::Inventory {
@@ -142,44 +164,24 @@ pub fn intake(
         })?;
         out.plan.notes.extend(notes);
     }
+    driver_layout(cfg, &mut out, id);
     Ok(out)
 }
 
-/// Whether the spec names CDI devices (`cdi.k8s.io/*` annotations).
-fn wants_cdi(spec: &serde_json::Value) -> bool {
-    spec.get("annotations")
-        .and_then(|a| a.as_object())
-        .is_some_and(|a| {
-            a.keys()
-                .any(|k| k.starts_with(crate::cdi::parse::ANNOTATION_PREFIX))
-        })
-}
-
-/// Each engine's container-type annotation: (key, the value for a pod sandbox, engine).
-const SANDBOX_KEYS: [(&str, &str, &str); 3] = [
-    ("io.kubernetes.cri.container-type", "sandbox", "containerd"),
-    ("io.kubernetes.cri-o.ContainerType", "sandbox", "cri-o"),
-    ("io.kubernetes.docker.type", "podsandbox", "dockershim"),
-];
-
-/// The CRI annotation marking a pod sandbox (pause) container, if this is one. Every engine's
-/// key present must say sandbox: a pod can carry another engine's key as a pod annotation (CRI-O
-/// passes pod annotations into the spec, where containerd's key is never set by the engine), so
-/// one key saying "sandbox" while the creating engine's says "container" (or anything else) is a
-/// container, and gets its plan.
-pub fn sandbox_kind(spec: &serde_json::Value) -> Option<&'static str> {
-    let ann = spec.get("annotations")?;
-    let mut kind = None;
-    for (key, sandbox, engine) in SANDBOX_KEYS {
-        match ann.get(key) {
-            None => {}
-            Some(v) if v.as_str() == Some(sandbox) => {
-                kind = kind.or(Some(engine));
-            }
-            Some(_) => return None,
+/// `runtime.driver-layout = "folders"`: the folder binds the runtime renders in place of the
+/// driver file binds, named by the files' identities ([`super::folders::decide`]); where they
+/// cannot be named the plan says why and keeps per-file binds.
+fn driver_layout(cfg: &Config, out: &mut Intake, id: &str) {
+    let path = out.request.path();
+    match super::folders::decide(&out.plan, &out.inventory, cfg, path) {
+        Ok(layout) => out.plan.driver_folders = layout,
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
+            out.plan.notes.push(format!(
+                "driver layout \"folders\" unavailable ({e}): driver files mounted one by one"
+            ));
         }
     }
-    kind
 }
 
 #[cfg(test)]
@@ -210,21 +212,22 @@ mod tests {
 
     #[test]
     fn another_engines_sandbox_key_does_not_make_a_container_a_sandbox() {
+        let kind = |s: &serde_json::Value| Inputs::from_spec(s).unwrap().sandbox_kind();
         // CRI-O passes pod annotations: a tenant can add containerd's key.
         let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox",
                                           "io.kubernetes.cri-o.ContainerType": "container"}});
-        assert_eq!(sandbox_kind(&spec), None);
+        assert_eq!(kind(&spec), None);
         let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "container",
                                           "io.kubernetes.cri-o.ContainerType": "sandbox"}});
-        assert_eq!(sandbox_kind(&spec), None);
+        assert_eq!(kind(&spec), None);
         let spec = json!({"annotations": {"io.kubernetes.cri-o.ContainerType": "sandbox",
                                           "io.kubernetes.docker.type": "sandbox"}});
-        assert_eq!(sandbox_kind(&spec), None);
+        assert_eq!(kind(&spec), None);
         let spec = json!({"annotations": {"io.kubernetes.cri-o.ContainerType": "sandbox"}});
-        assert_eq!(sandbox_kind(&spec), Some("cri-o"));
+        assert_eq!(kind(&spec), Some("cri-o"));
         let spec = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox",
                                           "io.kubernetes.cri-o.ContainerType": "sandbox"}});
-        assert_eq!(sandbox_kind(&spec), Some("containerd"));
+        assert_eq!(kind(&spec), Some("containerd"));
     }
 
     #[test]

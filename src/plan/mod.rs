@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::allocation::Allocation;
+use crate::allocation::input::Inputs;
 use crate::cdi::ContainerEdits;
 use crate::quota::Quota;
 
@@ -50,6 +51,18 @@ impl std::fmt::Display for CgroupRule {
             self.kind, self.major, self.minor, self.access
         )
     }
+}
+
+/// The container's ld cache, refreshed so the driver libraries the plan mounts are found by
+/// soname: which folders (container paths) enter it. A typed part of the plan that every applier
+/// renders its own way — `gpufence-runtime` writes the cache in-process before runc (or, for a
+/// user-namespaced container, adds the createContainer hook [`ldcache_hook`] renders), the hook
+/// refreshes it inside the container's mount namespace, the NRI plugin and CDI specs add the hook.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LdCache {
+    /// Folders holding the mounted libraries, sorted.
+    pub folders: Vec<String>,
 }
 
 /// A file the apply step must write on the host before the container starts.
@@ -102,6 +115,13 @@ pub struct Plan {
     /// the plan hands the container a quota; `None` otherwise.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// The ld cache refresh the driver libraries need (`None`: no library mounted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ld_cache: Option<LdCache>,
+    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, for the
+    /// runtime to render where it can prepare the folders ([`folders::DriverFolders`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_folders: Option<folders::DriverFolders>,
 }
 
 /// The plain statement of what a preloaded shim's quota is: it keeps tenants from each other's
@@ -130,7 +150,7 @@ impl Plan {
 /// Deterministic: the same inputs always give the same plan (the runtime and the hook rely on
 /// it). The JSON shape is documented in `docs/plan-json.md`. The steps, in order: the
 /// allocation ([`crate::allocation::read`]), device [`nodes`], [`mounts`] (driver files, shim,
-/// state), the ld cache hook, [`env`], the [`quota`] and host files, foreign CDI edits, and the
+/// state), the ld cache refresh, [`env`], the [`quota`] and host files, foreign CDI edits, and the
 /// cgroup rules for every device node ([`cgroup`]).
 pub fn plan(
     spec: &serde_json::Value,
@@ -143,7 +163,7 @@ pub fn plan(
     plan_with(spec, container_id, inventory, config, cdi_specs, &none)
 }
 
-/// [`plan`] with what kubelet recorded for the container ([`crate::allocation::record::load`]).
+/// [`plan_request`] for a bare `config.json`: parses it ([`Inputs::from_spec`]) and plans.
 pub fn plan_with(
     spec: &serde_json::Value,
     container_id: &str,
@@ -152,8 +172,29 @@ pub fn plan_with(
     cdi_specs: &[crate::cdi::LoadedSpec],
     kubelet: &crate::kubelet::KubeletSource,
 ) -> Result<Plan, crate::allocation::AllocationError> {
+    let request = Inputs::from_spec(spec)?;
+    plan_request(
+        &request,
+        container_id,
+        inventory,
+        config,
+        cdi_specs,
+        kubelet,
+    )
+}
+
+/// The plan for one parsed request, with what kubelet recorded for the container
+/// ([`crate::allocation::record::load`]). Pure.
+pub fn plan_request(
+    request: &Inputs,
+    container_id: &str,
+    inventory: &crate::inventory::Inventory,
+    config: &crate::config::Config,
+    cdi_specs: &[crate::cdi::LoadedSpec],
+    kubelet: &crate::kubelet::KubeletSource,
+) -> Result<Plan, crate::allocation::AllocationError> {
     validate_container_id(container_id)?;
-    let intake = crate::allocation::read_with(spec, inventory, config, cdi_specs, kubelet)?;
+    let intake = crate::allocation::read_request(request, inventory, config, cdi_specs, kubelet)?;
     let mut plan = Plan {
         container_id: container_id.to_string(),
         env_overrides: intake.env_overrides,
@@ -174,9 +215,9 @@ pub fn plan_with(
         edits.mounts = mounts::mounts(&files, config, &state);
         let dirs = library_dirs(files.iter().copied());
         if !dirs.is_empty() {
-            edits.hooks.push(ldcache_hook(config, &dirs));
+            plan.ld_cache = Some(LdCache { folders: dirs });
         }
-        edits.env = env::env(spec, &alloc, config);
+        edits.env = env::env(request, &alloc, config);
         let mut q = quota::quota(&alloc, config);
         // Memory backends (shim, driver, both) and MPS: their own modules, pure.
         let backends = crate::backend::decide(&alloc, inventory, config)?;
@@ -189,7 +230,7 @@ pub fn plan_with(
         }
         let driver = backends.iter().any(|b| b.backend.uses_driver());
         plan.memory_backends = backends;
-        if let Some(m) = crate::mps::plan(spec, &alloc, inventory, config)? {
+        if let Some(m) = crate::mps::plan(request, &alloc, inventory, config)? {
             let (mounts, env) = crate::mps::edits(&m);
             edits.mounts.extend(mounts);
             edits.env.extend(env);
@@ -412,7 +453,7 @@ pub fn driver_mounts<'a>(
 /// Mount options of node-wide device state files (see `FileKind::DeviceState`).
 pub const RW_STATE_BIND: [&str; 5] = ["rw", "nosuid", "nodev", "noexec", "bind"];
 
-/// Directories (inside the container) holding mounted driver libraries, for the ldcache hook.
+/// Directories (inside the container) holding mounted driver libraries, for the ld cache refresh.
 pub fn library_dirs<'a>(
     files: impl IntoIterator<Item = &'a crate::inventory::DriverFile>,
 ) -> Vec<String> {
@@ -430,7 +471,8 @@ pub fn library_dirs<'a>(
     dirs
 }
 
-/// The createContainer hook that refreshes the container's ld cache for `folders`:
+/// The createContainer hook that refreshes the container's ld cache for `folders` (how an
+/// applier that lets the runtime run hooks renders [`LdCache`]):
 /// `gpufence hook update-ldcache --folder DIR…`, with an explicit env so it never inherits the
 /// container's.
 pub fn ldcache_hook(config: &crate::config::Config, folders: &[String]) -> crate::cdi::HookEdit {

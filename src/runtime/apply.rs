@@ -31,16 +31,35 @@ const HOOK_STAGES: [&str; 6] = [
     "poststop",
 ];
 
-/// Edit `spec` (a parsed `config.json`) by `plan`. On error the spec may be partly edited; the
-/// caller works on a copy and writes nothing.
+/// What the runtime renders besides the plan's edits — its own rendering choices for the
+/// plan's typed parts, never a change to the plan.
+#[derive(Debug, Default)]
+pub struct Render<'a> {
+    /// Mounts written in place of `plan.edits.mounts` (the plan's driver folders layout, where
+    /// the runtime prepared it).
+    pub mounts: Option<&'a [MountEdit]>,
+    /// Env set after the plan's and before its overrides (the folders layout's `PATH`).
+    pub env: &'a [String],
+    /// Hooks before the plan's (the ld cache hook, where runc must run it).
+    pub hooks: Vec<HookEdit>,
+}
+
+/// Edit `spec` (a parsed `config.json`) by `plan`, rendered as-is. On error the spec may be
+/// partly edited; the caller works on a copy and writes nothing.
 pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
+    render_spec(spec, plan, &Render::default())
+}
+
+/// Edit `spec` by `plan` with the runtime's `render` choices ([`Render`]).
+pub fn render_spec(spec: &mut Value, plan: &Plan, render: &Render) -> Result<(), ApplyError> {
     let root = obj(spec, "config.json")?;
 
-    // Environment: plan env, then the neutralising overrides (these win).
+    // Environment: plan env, the rendering's, then the neutralising overrides (these win).
     let env_edits: Vec<&String> = plan
         .edits
         .env
         .iter()
+        .chain(render.env.iter())
         .chain(plan.env_overrides.iter())
         .collect();
     if !env_edits.is_empty() {
@@ -72,7 +91,8 @@ pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
         }
     }
 
-    if !plan.edits.mounts.is_empty() {
+    let plan_mounts = render.mounts.unwrap_or(&plan.edits.mounts);
+    if !plan_mounts.is_empty() {
         let mounts = arr(child_arr(root, "mounts"), "mounts")?;
         if plan.state_dir.is_some() {
             // Image volumes and spec mounts at or below what gpufence mounts (the state tmpfs,
@@ -84,14 +104,14 @@ pub fn apply_to_spec(spec: &mut Value, plan: &Plan) -> Result<(), ApplyError> {
                     .is_some_and(crate::plan::is_reserved_destination)
             });
         }
-        for m in &plan.edits.mounts {
+        for m in plan_mounts {
             upsert_by(mounts, mount_json(m), "destination");
         }
     }
 
-    if !plan.edits.hooks.is_empty() {
+    if !plan.edits.hooks.is_empty() || !render.hooks.is_empty() {
         let hooks = obj(child(root, "hooks"), "hooks")?;
-        for h in &plan.edits.hooks {
+        for h in render.hooks.iter().chain(&plan.edits.hooks) {
             if !HOOK_STAGES.contains(&h.hook_name.as_str()) {
                 return Err(ApplyError::HookStage(h.hook_name.clone()));
             }

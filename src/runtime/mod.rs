@@ -164,31 +164,38 @@ fn prepare_create(
     if intake.sandbox.is_some() {
         return Ok(());
     }
-    let mut plan = intake.plan;
+    let (plan, request) = (&intake.plan, &intake.request);
     mark("plan");
-    log_decision(id, &plan);
+    log_decision(id, plan);
     mark("logline");
-    let folded = fold_driver_files(cfg, &spec, &intake.inventory, &mut plan, id);
+    let folders = prepare_driver_folders(cfg, plan, &intake.inventory, id);
     mark("folders");
 
-    // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs).
-    let mut refresh = ldcache::take_over(cfg, &spec, &bundle, &mut plan, id)?;
-    if let Some(r) = refresh.as_mut() {
-        r.folding = folded;
-    }
+    // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs), unless
+    // the container has a user namespace.
+    let ld_cache = folders.map_or(plan.ld_cache.as_ref(), |f| f.ld_cache.as_ref());
+    let mounts = folders.map_or(plan.edits.mounts.as_slice(), |f| f.mounts.as_slice());
+    let folding = folders.map(|f| &f.folding);
+    let (refresh, hook) = ldcache::render(cfg, ld_cache, request, &bundle, mounts, folding, id)?;
+    let render = apply::Render {
+        mounts: folders.map(|f| f.mounts.as_slice()),
+        env: folders.map_or(&[], |f| f.env.as_slice()),
+        hooks: hook.into_iter().collect(),
+    };
     let mut edited = spec.clone();
-    apply_to_spec(&mut edited, &plan).map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
+    apply::render_spec(&mut edited, plan, &render)
+        .map_err(|e| Exit::invalid(format!("container {id}: {e}")))?;
     mark("apply");
     if let Some(r) = refresh {
         r.run(id)?;
     }
     mark("ldcache");
-    crate::hostfiles::write_host_files(cfg, id, &plan)
+    crate::hostfiles::write_host_files(cfg, id, plan)
         .map_err(|e| Exit::new(e.code(), e.to_string()))?;
     mark("hostfiles");
     crate::status::meta::record(
-        &plan,
-        spec.get("annotations").and_then(|a| a.as_object()),
+        plan,
+        &request.annotations,
         status_locator(parsed, cfg, &bundle),
     );
     if edited != spec {
@@ -201,40 +208,34 @@ fn prepare_create(
     Ok(())
 }
 
-/// `runtime.driver-layout = "folders"`: the plan's driver file binds folded into folder binds
-/// ([`folders`]); returns the folding applied, for the ld cache step. Where the folders cannot
-/// be prepared the plan keeps its file binds (same files, read-only), with one log line.
-fn fold_driver_files(
+/// The plan's driver folders ([`crate::plan::folders::DriverFolders`]), prepared on the host
+/// ([`folders::prepare`]): `Some` when the runtime renders them, `None` (per-file binds, the
+/// plan's own edits) when the plan has none or they cannot be prepared as the plan named them.
+fn prepare_driver_folders<'p>(
     cfg: &Config,
-    spec: &serde_json::Value,
+    plan: &'p Plan,
     inventory: &crate::inventory::Inventory,
-    plan: &mut Plan,
     id: &str,
-) -> Option<crate::plan::folders::Folding> {
-    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
-        return None;
-    }
-    let folding = crate::plan::folders::fold(plan, inventory)?;
+) -> Option<&'p crate::plan::folders::DriverFolders> {
+    let f = plan.driver_folders.as_ref()?;
     match folders::prepare(
         &cfg.runtime.driver_folders,
         &inventory.driver_version,
-        &folding,
+        &f.folding,
     ) {
-        Ok(dir) => {
-            folding.apply(
-                plan,
-                &dir,
-                cfg,
-                crate::plan::folders::spec_path(spec).as_deref(),
-            );
+        Ok(dir) if dir.as_os_str() == std::ffi::OsStr::new(&f.dir) => {
             tracing::info!(
                 container = id,
                 folder = %dir.display(),
-                files = folding.folded.len(),
-                folders = folding.folders.len(),
+                files = f.files,
+                folders = f.folders,
                 "driver files mounted as folders"
             );
-            Some(folding)
+            Some(f)
+        }
+        Ok(dir) => {
+            tracing::warn!(container = id, planned = %f.dir, prepared = %dir.display(), "driver files changed since the plan: mounted one by one");
+            None
         }
         Err(e) => {
             tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");

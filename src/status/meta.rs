@@ -73,10 +73,10 @@ pub struct Locator {
 }
 
 /// Pod, namespace and container names from the CRI annotations (containerd, then CRI-O).
-fn names(annotations: Option<&serde_json::Map<String, serde_json::Value>>) -> [Option<String>; 3] {
+fn names(annotations: &std::collections::BTreeMap<String, String>) -> [Option<String>; 3] {
     let get = |keys: [&str; 2]| {
         keys.iter()
-            .find_map(|k| annotations?.get(*k)?.as_str())
+            .find_map(|k| annotations.get(*k).map(String::as_str))
             .map(clean)
             .filter(|s| !s.is_empty())
     };
@@ -109,7 +109,7 @@ impl Meta {
     /// The record for a plan that grants GPUs (`None` otherwise). Pure.
     pub fn from_plan(
         plan: &crate::plan::Plan,
-        annotations: Option<&serde_json::Map<String, serde_json::Value>>,
+        annotations: &std::collections::BTreeMap<String, String>,
         locator: Locator,
         created: u64,
     ) -> Option<Meta> {
@@ -189,7 +189,7 @@ pub fn write(dir: &std::path::Path, meta: &Meta) -> std::io::Result<()> {
 /// serves display only).
 pub fn record(
     plan: &crate::plan::Plan,
-    annotations: Option<&serde_json::Map<String, serde_json::Value>>,
+    annotations: &std::collections::BTreeMap<String, String>,
     locator: Locator,
 ) {
     let created = std::time::SystemTime::now()
@@ -212,16 +212,19 @@ mod tests {
 
     #[test]
     fn names_from_cri_annotations() {
-        let a: serde_json::Value = serde_json::json!({
-            "io.kubernetes.cri.sandbox-namespace": "team-a",
-            "io.kubernetes.pod.name": "trainer-0",
-            "io.kubernetes.container.name": "main\u{1b}[2J",
-        });
-        let [ns, pod, c] = names(a.as_object());
+        let a: std::collections::BTreeMap<String, String> = [
+            ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+            ("io.kubernetes.pod.name", "trainer-0"),
+            ("io.kubernetes.container.name", "main\u{1b}[2J"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let [ns, pod, c] = names(&a);
         assert_eq!(ns.as_deref(), Some("team-a"));
         assert_eq!(pod.as_deref(), Some("trainer-0"));
         assert_eq!(c.as_deref(), Some("main[2J"));
-        assert_eq!(names(None), [None, None, None]);
+        assert_eq!(names(&Default::default()), [None, None, None]);
         assert_eq!(clean(&"x".repeat(1000)).len(), MAX_NAME);
     }
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A minimal CRI client (what the kubelet does for one pod), for gpufence's containerd e2e test.
 
-Usage: cri_client.py REQUEST_JSON
+Usage: cri_client.py REQUEST_JSON | -   (-: the request on stdin)
 REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
-               "envs": {"K": "V"}, "timeout": 20}
+               "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate"}
 Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
                          "log": "<container output>", "sandbox_id": ..., "container_id": ...}
 The pod is stopped and removed before exiting, whatever happened.
@@ -22,7 +22,8 @@ from cri_api.v1 import api_pb2_grpc as pbg
 
 
 def main():
-    req = json.loads(sys.argv[1])
+    # "-": the request on stdin (one larger than an argument may be).
+    req = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
     chan = grpc.insecure_channel("unix://" + req["socket"])
     rt = pbg.RuntimeServiceStub(chan)
     timeout = req.get("timeout", 20)
@@ -51,6 +52,15 @@ def main():
             pb.RunPodSandboxRequest(config=pod_cfg, runtime_handler=req["handler"]), timeout=timeout
         ).pod_sandbox_id
         out["sandbox_id"] = sandbox_id
+
+        # "wait_before_create": a path; with the sandbox running, create "<path>.ready" and wait
+        # (up to the timeout) for the test to create <path> before creating the container.
+        gate = req.get("wait_before_create")
+        if gate:
+            open(gate + ".ready", "w").close()
+            deadline = time.time() + timeout
+            while not os.path.exists(gate) and time.time() < deadline:
+                time.sleep(0.05)
 
         ctr_cfg = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="app", attempt=0),

@@ -149,14 +149,6 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
     assert_eq!(code, 0, "ctr import: {out}{err}");
 }
 
-/// One pod through CRI as `req` describes it (tests/cri/cri_client.py); the client's answer.
-pub fn pod_request(py: &Path, req: &serde_json::Value) -> serde_json::Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri/cri_client.py");
-    let (code, out, err) = common::run(Command::new(py).arg(script).arg(req.to_string()));
-    assert_eq!(code, 0, "cri client: {out}{err}");
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
 /// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
 /// socket, host-network pods, the imported `localhost/pause:test` as sandbox image.
 pub fn operator_config(dir: &Path) -> String {
@@ -211,5 +203,31 @@ pub fn pod(
         "pod_annotations": pod_annotations, "image": "localhost/pause:test",
         "command": ["/bin/sh", "-c", command], "timeout": 30,
     });
-    pod_request(py, &req)
+    client(py, &req)
+}
+
+/// One pod as `req` describes it (tests/cri/cri_client.py's request, sent on stdin: it may be
+/// larger than a command-line argument); the client's JSON answer.
+pub fn client(py: &Path, req: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cri/cri_client.py");
+    let mut child = Command::new(py)
+        .arg(script)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cri client");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let body = req.to_string();
+    let writer = std::thread::spawn(move || stdin.write_all(body.as_bytes()));
+    let out = child.wait_with_output().expect("cri client");
+    writer.join().expect("writer").expect("request written");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "cri client: {stdout}{stderr}");
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }

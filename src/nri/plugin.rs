@@ -1,0 +1,233 @@
+//! The plugin's life: connect, register, serve until the connection ends, reconnect.
+//!
+//! Two ways in, as NRI's own plugin stub has them:
+//! * a socket path (the DaemonSet variant, default `/var/run/nri/nri.sock`): dialled again with
+//!   backoff whenever the runtime goes away (a runtime restart removes and recreates it);
+//! * the connected socket a runtime hands the plugins it starts from `/opt/nri/plugins`
+//!   (`NRI_PLUGIN_SOCKET=<fd>`): used once; when it ends the runtime is gone, and the plugin
+//!   exits (the runtime starts it again when it comes back).
+//!
+//! On a connection: the reader thread serves the Plugin service, the plugin calls the Runtime
+//! service's RegisterPlugin(name, index); the runtime then calls Configure (the events gpufence
+//! subscribes to) and Synchronize, then the container events.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use prost::Message;
+
+use super::conn::{Conn, Serve};
+use super::handler::Handler;
+use super::service::{RUNTIME_SERVICE, Service};
+use super::{NRI_VERSION, NriError, api};
+
+/// How long the runtime gets to answer RegisterPlugin.
+pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// First and longest wait between connection attempts.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Where the runtime is.
+#[derive(Debug)]
+pub enum Transport {
+    /// Dial this socket (again after each loss).
+    Socket(PathBuf),
+    /// The connection the runtime handed over (`NRI_PLUGIN_SOCKET`).
+    Inherited(OwnedFd),
+}
+
+/// Who the plugin is and where it connects.
+#[derive(Debug)]
+pub struct PluginConfig {
+    pub transport: Transport,
+    /// Plugin name (what a runtime's `required_plugins` lists).
+    pub name: String,
+    /// Two-digit index: plugins are called in ascending order.
+    pub index: String,
+}
+
+#[derive(Default)]
+struct Control {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+    current: Mutex<Option<Arc<Conn>>>,
+}
+
+/// Stops a running [`Plugin`] from another thread: the current connection is closed and
+/// [`Plugin::run`] returns.
+#[derive(Clone)]
+pub struct Stopper(Arc<Control>);
+
+impl Stopper {
+    pub fn stop(&self) {
+        if let Ok(mut s) = self.0.stopped.lock() {
+            *s = true;
+        }
+        self.0.wake.notify_all();
+        if let Some(c) = self.0.current.lock().ok().and_then(|c| c.clone()) {
+            c.shutdown();
+        }
+    }
+}
+
+/// An NRI plugin serving one [`Handler`].
+pub struct Plugin {
+    name: String,
+    index: String,
+    socket: Option<PathBuf>,
+    inherited: Option<OwnedFd>,
+    service: Arc<Service>,
+    control: Arc<Control>,
+}
+
+/// How one connection ended.
+struct Ended {
+    registered: bool,
+    why: String,
+}
+
+impl Plugin {
+    /// A plugin for `handler`; the name and index must be valid for NRI.
+    pub fn new(cfg: PluginConfig, handler: Arc<dyn Handler>) -> Result<Plugin, NriError> {
+        super::check_name(&cfg.name)?;
+        super::check_index(&cfg.index)?;
+        let (socket, inherited) = match cfg.transport {
+            Transport::Socket(p) => (Some(p), None),
+            Transport::Inherited(fd) => (None, Some(fd)),
+        };
+        Ok(Plugin {
+            name: cfg.name,
+            index: cfg.index,
+            socket,
+            inherited,
+            service: Arc::new(Service::new(handler)),
+            control: Arc::new(Control::default()),
+        })
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        Stopper(Arc::clone(&self.control))
+    }
+
+    fn stopped(&self) -> bool {
+        self.control.stopped.lock().map(|s| *s).unwrap_or(true)
+    }
+
+    /// Wait `d`, or less if stopped meanwhile.
+    fn pause(&self, d: Duration) {
+        if let Ok(s) = self.control.stopped.lock() {
+            let _ = self.control.wake.wait_timeout_while(s, d, |s| !*s);
+        }
+    }
+
+    /// Serve until stopped (`Ok`) or, with an inherited connection, until it ends (`Err`).
+    pub fn run(mut self) -> Result<(), NriError> {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if self.stopped() {
+                return Ok(());
+            }
+            if let Some(fd) = self.inherited.take() {
+                let ended = self.session(UnixStream::from(fd));
+                if self.stopped() {
+                    return Ok(());
+                }
+                return Err(NriError::InheritedLost(ended.why));
+            }
+            let Some(path) = self.socket.clone() else {
+                return Ok(());
+            };
+            match UnixStream::connect(&path) {
+                Ok(stream) => {
+                    tracing::info!(socket = %path.display(), "NRI: connected");
+                    let ended = self.session(stream);
+                    if self.stopped() {
+                        return Ok(());
+                    }
+                    if ended.registered {
+                        backoff = BACKOFF_MIN;
+                    }
+                    tracing::warn!(socket = %path.display(), why = %ended.why, retry_in = ?backoff, "NRI: connection ended; reconnecting");
+                }
+                Err(e) => {
+                    tracing::debug!(socket = %path.display(), error = %e, retry_in = ?backoff, "NRI: cannot connect");
+                }
+            }
+            self.pause(backoff);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One connection: serve it, register, wait for it to end.
+    fn session(&self, stream: UnixStream) -> Ended {
+        let (conn, reader) = match Conn::new(stream) {
+            Ok(c) => c,
+            Err(e) => {
+                return Ended {
+                    registered: false,
+                    why: format!("socket setup: {e}"),
+                };
+            }
+        };
+        if let Ok(mut cur) = self.control.current.lock() {
+            *cur = Some(Arc::clone(&conn));
+        }
+        if self.stopped() {
+            conn.shutdown();
+        }
+        let service = Arc::clone(&self.service);
+        let serve: Serve = Arc::new(move |s: &str, m: &str, p: &[u8]| service.call(s, m, p));
+        let c2 = Arc::clone(&conn);
+        let thread = std::thread::Builder::new()
+            .name("nri-reader".into())
+            .spawn(move || c2.run_reader(reader, serve));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                conn.shutdown();
+                return Ended {
+                    registered: false,
+                    why: format!("cannot start the reader thread: {e}"),
+                };
+            }
+        };
+        let registered = self.register(&conn);
+        if !registered {
+            conn.shutdown();
+        }
+        let why = match thread.join() {
+            Ok(e) => e.to_string(),
+            Err(_) => "reader thread panicked".to_string(),
+        };
+        if let Ok(mut cur) = self.control.current.lock() {
+            *cur = None;
+        }
+        Ended { registered, why }
+    }
+
+    fn register(&self, conn: &Conn) -> bool {
+        let req = api::RegisterPluginRequest {
+            plugin_name: self.name.clone(),
+            plugin_idx: self.index.clone(),
+            nri_version: NRI_VERSION.to_string(),
+        };
+        match conn.call(
+            RUNTIME_SERVICE,
+            "RegisterPlugin",
+            req.encode_to_vec(),
+            REGISTRATION_TIMEOUT,
+        ) {
+            Ok(_) => {
+                tracing::info!(name = %self.name, index = %self.index, "NRI: registered");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(name = %self.name, index = %self.index, error = %e, "NRI: registration failed");
+                false
+            }
+        }
+    }
+}

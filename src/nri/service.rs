@@ -1,0 +1,492 @@
+//! The Plugin service (NRI's `service Plugin`): each request decoded, handed to the
+//! [`Handler`], its answer encoded. Pure of I/O: [`super::conn`] calls [`Service::call`] on a
+//! thread of its own for each request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use prost::Message;
+
+use super::api;
+use super::conn::Status;
+use super::handler::{Gone, Handler};
+use super::ttrpc::code;
+
+/// The ttrpc service name of NRI's Plugin service.
+pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+/// The ttrpc service name of NRI's Runtime service.
+pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
+/// The events gpufence subscribes to: CreateContainer, StopContainer, RemoveContainer (NRI's
+/// `EventMask`: bit `event - 1`).
+pub fn event_mask() -> i32 {
+    [
+        api::Event::CreateContainer,
+        api::Event::StopContainer,
+        api::Event::RemoveContainer,
+    ]
+    .iter()
+    .fold(0, |m, e| m | 1 << (*e as i32 - 1))
+}
+
+/// Most pods, and most containers, kept from a Synchronize split over several messages.
+pub const MAX_SYNC_OBJECTS: usize = 1 << 16;
+
+/// NRI's default `plugin_request_timeout`, until Configure says otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 2000;
+
+/// The share of the runtime's request timeout the handler gets for CreateContainer. A plugin
+/// that does not answer in time is dropped by NRI and the container created without its
+/// adjustment — and NRI's default validator lets that through (docs/nri.md) — so gpufence
+/// answers a refusal itself before the runtime gives up.
+pub fn decision_deadline(request_timeout_ms: u64) -> Duration {
+    Duration::from_millis(request_timeout_ms.saturating_mul(3) / 4)
+}
+
+/// The Plugin service over one handler.
+pub struct Service {
+    handler: Arc<dyn Handler>,
+    /// The runtime's request timeout (Configure), in milliseconds.
+    request_timeout_ms: AtomicU64,
+    /// Synchronize parts received so far (the runtime splits large states, `more` = true).
+    sync: Mutex<(Vec<api::PodSandbox>, Vec<api::Container>)>,
+}
+
+fn decode<M: Message + Default>(method: &str, payload: &[u8]) -> Result<M, Status> {
+    M::decode(payload).map_err(|e| {
+        tracing::warn!(method, error = %e, "NRI: malformed request refused");
+        (
+            code::INVALID_ARGUMENT,
+            format!("gpufence nri: malformed {method} request: {e}"),
+        )
+    })
+}
+
+impl Service {
+    pub fn new(handler: Arc<dyn Handler>) -> Service {
+        Service {
+            handler,
+            request_timeout_ms: AtomicU64::new(DEFAULT_REQUEST_TIMEOUT_MS),
+            sync: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    /// Serve one request of `service`/`method` with protobuf `payload`.
+    pub fn call(&self, service: &str, method: &str, payload: &[u8]) -> Result<Vec<u8>, Status> {
+        if service != PLUGIN_SERVICE {
+            return Err(unimplemented(service, method));
+        }
+        match method {
+            "Configure" => {
+                let req: api::ConfigureRequest = decode(method, payload)?;
+                if let Ok(ms @ 1..) = u64::try_from(req.request_timeout) {
+                    self.request_timeout_ms.store(ms, Ordering::SeqCst);
+                }
+                tracing::info!(
+                    runtime = %req.runtime_name,
+                    version = %req.runtime_version,
+                    nri = %req.nri_version,
+                    request_timeout_ms = req.request_timeout,
+                    "NRI: configured; subscribed to CreateContainer, StopContainer, RemoveContainer"
+                );
+                Ok(api::ConfigureResponse {
+                    events: event_mask(),
+                }
+                .encode_to_vec())
+            }
+            "Synchronize" => {
+                let req: api::SynchronizeRequest = decode(method, payload)?;
+                Ok(self.synchronize(req).encode_to_vec())
+            }
+            "Shutdown" => {
+                tracing::info!("NRI: the runtime is shutting down");
+                Ok(api::Empty {}.encode_to_vec())
+            }
+            "CreateContainer" => {
+                let req: api::CreateContainerRequest = decode(method, payload)?;
+                self.create(req).map(|r| r.encode_to_vec())
+            }
+            "StopContainer" => {
+                let req: api::StopContainerRequest = decode(method, payload)?;
+                self.gone(req.container.as_ref(), Gone::Stopped);
+                Ok(api::StopContainerResponse::default().encode_to_vec())
+            }
+            "RemoveContainer" => {
+                let req: api::RemoveContainerRequest = decode(method, payload)?;
+                self.gone(req.container.as_ref(), Gone::Removed);
+                Ok(api::RemoveContainerResponse::default().encode_to_vec())
+            }
+            // Runtimes fall back to StateChange for plugins without the dedicated calls.
+            "StateChange" => {
+                let req: api::StateChangeEvent = decode(method, payload)?;
+                if req.event == api::Event::RemoveContainer as i32 {
+                    self.gone(req.container.as_ref(), Gone::Removed);
+                }
+                Ok(api::Empty {}.encode_to_vec())
+            }
+            _ => Err(unimplemented(service, method)),
+        }
+    }
+
+    fn synchronize(&self, req: api::SynchronizeRequest) -> api::SynchronizeResponse {
+        let mut sync = match self.sync.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        let room = MAX_SYNC_OBJECTS.saturating_sub(sync.0.len());
+        sync.0.extend(req.pods.into_iter().take(room));
+        let room = MAX_SYNC_OBJECTS.saturating_sub(sync.1.len());
+        sync.1.extend(req.containers.into_iter().take(room));
+        if !req.more {
+            let (pods, containers) = std::mem::take(&mut *sync);
+            drop(sync);
+            tracing::info!(
+                pods = pods.len(),
+                containers = containers.len(),
+                "NRI: synchronized"
+            );
+            self.handler.synchronize(&pods, &containers);
+        }
+        // A split part must be answered with the same `more` and no updates.
+        api::SynchronizeResponse {
+            update: Vec::new(),
+            more: req.more,
+        }
+    }
+
+    fn create(
+        &self,
+        req: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, Status> {
+        let Some(ctr) = req.container else {
+            return Err((
+                code::INVALID_ARGUMENT,
+                "gpufence nri: CreateContainer without a container".into(),
+            ));
+        };
+        let pod = req.pod.unwrap_or_default();
+        match self.decide(pod, ctr) {
+            Ok(adjust) => Ok(api::CreateContainerResponse {
+                adjust: Some(adjust),
+                update: Vec::new(),
+                evict: Vec::new(),
+            }),
+            // A plain error (code Unknown): the runtime fails the creation with the reason and
+            // keeps the plugin (a timeout or a closed connection would drop it instead).
+            Err(reason) => Err((code::UNKNOWN, reason)),
+        }
+    }
+
+    /// The handler's decision, or a refusal when it takes longer than [`decision_deadline`]
+    /// (the handler's thread is left to finish; its late answer is dropped).
+    fn decide(
+        &self,
+        pod: api::PodSandbox,
+        ctr: api::Container,
+    ) -> Result<api::ContainerAdjustment, String> {
+        let deadline = decision_deadline(self.request_timeout_ms.load(Ordering::SeqCst));
+        let (tx, rx) = mpsc::channel();
+        let handler = Arc::clone(&self.handler);
+        let id = ctr.id.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nri-decide".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handler.create_container(&pod, &ctr)
+                }));
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            return Err(format!(
+                "container {id}: gpufence nri: cannot start a thread: {e}"
+            ));
+        }
+        match rx.recv_timeout(deadline) {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(format!(
+                "container {id}: gpufence nri: internal error deciding"
+            )),
+            Err(_) => {
+                let why = format!(
+                    "container {id}: gpufence nri: no decision within {deadline:?} (3/4 of the \
+                     runtime's request timeout); refused rather than left unfenced"
+                );
+                tracing::warn!(container = %id, "NRI: refused: {why}");
+                Err(why)
+            }
+        }
+    }
+
+    fn gone(&self, ctr: Option<&api::Container>, why: Gone) {
+        match ctr {
+            Some(c) => self.handler.container_gone(&c.id, why),
+            None => tracing::warn!(?why, "NRI: container event without a container ignored"),
+        }
+    }
+}
+
+fn unimplemented(service: &str, method: &str) -> Status {
+    (
+        code::UNIMPLEMENTED,
+        format!("gpufence nri: {service}/{method} not implemented"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Records what it was asked; refuses containers named "refuse".
+    #[derive(Default)]
+    struct Recorder {
+        gone: Mutex<Vec<(String, Gone)>>,
+        synced: Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl Handler for Recorder {
+        fn create_container(
+            &self,
+            pod: &api::PodSandbox,
+            ctr: &api::Container,
+        ) -> Result<api::ContainerAdjustment, String> {
+            if ctr.name == "slow" {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            if ctr.name == "panic" {
+                panic!("handler bug");
+            }
+            if ctr.name == "refuse" {
+                return Err(format!("container {}: no GPU for pod {}", ctr.id, pod.name));
+            }
+            Ok(api::ContainerAdjustment {
+                env: vec![api::KeyValue {
+                    key: "SEEN".into(),
+                    value: ctr.id.clone(),
+                }],
+                ..Default::default()
+            })
+        }
+        fn container_gone(&self, id: &str, why: Gone) {
+            self.gone.lock().unwrap().push((id.to_string(), why));
+        }
+        fn synchronize(&self, pods: &[api::PodSandbox], containers: &[api::Container]) {
+            self.synced
+                .lock()
+                .unwrap()
+                .push((pods.len(), containers.len()));
+        }
+    }
+
+    fn service() -> (Arc<Recorder>, Service) {
+        let r = Arc::new(Recorder::default());
+        (r.clone(), Service::new(r))
+    }
+
+    fn create(name: &str) -> Vec<u8> {
+        api::CreateContainerRequest {
+            pod: Some(api::PodSandbox {
+                name: "p".into(),
+                ..Default::default()
+            }),
+            container: Some(api::Container {
+                id: "c1".into(),
+                name: name.into(),
+                ..Default::default()
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn mask_is_create_stop_remove() {
+        // Event numbers 4, 10, 11 → bits 3, 9, 10.
+        assert_eq!(event_mask(), (1 << 3) | (1 << 9) | (1 << 10));
+        let (_, s) = service();
+        let out = s.call(
+            PLUGIN_SERVICE,
+            "Configure",
+            &api::ConfigureRequest::default().encode_to_vec(),
+        );
+        let resp = api::ConfigureResponse::decode(out.unwrap().as_slice()).unwrap();
+        assert_eq!(resp.events, event_mask());
+    }
+
+    #[test]
+    fn create_returns_the_adjustment_or_the_reason() {
+        let (_, s) = service();
+        let out = s
+            .call(PLUGIN_SERVICE, "CreateContainer", &create("app"))
+            .unwrap();
+        let resp = api::CreateContainerResponse::decode(out.as_slice()).unwrap();
+        assert_eq!(resp.adjust.unwrap().env[0].value, "c1");
+        assert_eq!(
+            s.call(PLUGIN_SERVICE, "CreateContainer", &create("refuse")),
+            Err((code::UNKNOWN, "container c1: no GPU for pod p".into()))
+        );
+        // No container: refused, not a default adjustment.
+        let empty = api::CreateContainerRequest::default().encode_to_vec();
+        assert_eq!(
+            s.call(PLUGIN_SERVICE, "CreateContainer", &empty)
+                .unwrap_err()
+                .0,
+            code::INVALID_ARGUMENT
+        );
+    }
+
+    #[test]
+    fn a_slow_decision_is_a_refusal_before_the_runtime_s_timeout() {
+        let (_, s) = service();
+        // Configure: request timeout 200 ms → 150 ms for the decision.
+        let cfg = api::ConfigureRequest {
+            request_timeout: 200,
+            ..Default::default()
+        };
+        s.call(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec())
+            .unwrap();
+        let t = std::time::Instant::now();
+        let (code, why) = s
+            .call(PLUGIN_SERVICE, "CreateContainer", &create("slow"))
+            .unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(190),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(code, code::UNKNOWN);
+        assert!(
+            why.contains("container c1: gpufence nri: no decision within 150ms"),
+            "{why}"
+        );
+        // A handler panic is a refusal too.
+        let (code, why) = s
+            .call(PLUGIN_SERVICE, "CreateContainer", &create("panic"))
+            .unwrap_err();
+        assert_eq!(
+            (code, why.contains("internal error")),
+            (code::UNKNOWN, true)
+        );
+        assert!(
+            s.call(PLUGIN_SERVICE, "CreateContainer", &create("app"))
+                .is_ok()
+        );
+        assert_eq!(decision_deadline(2000), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn malformed_and_unknown_requests_are_answered_not_fatal() {
+        let (_, s) = service();
+        for bad in [
+            &[0xffu8, 0xff][..],
+            &[0x0a, 0x80][..],
+            &[0x12, 0x05, 0x01][..],
+        ] {
+            let e = s.call(PLUGIN_SERVICE, "CreateContainer", bad).unwrap_err();
+            assert_eq!(e.0, code::INVALID_ARGUMENT, "{bad:?}");
+            assert!(e.1.contains("malformed CreateContainer"), "{}", e.1);
+        }
+        assert_eq!(
+            s.call(PLUGIN_SERVICE, "RunPodSandbox", &[]).unwrap_err().0,
+            code::UNIMPLEMENTED
+        );
+        assert_eq!(
+            s.call("other.Service", "Configure", &[]).unwrap_err().0,
+            code::UNIMPLEMENTED
+        );
+        // Still serving.
+        assert!(
+            s.call(PLUGIN_SERVICE, "CreateContainer", &create("app"))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn stop_remove_and_state_change_reach_the_handler() {
+        let (r, s) = service();
+        let ctr = Some(api::Container {
+            id: "c9".into(),
+            ..Default::default()
+        });
+        let stop = api::StopContainerRequest {
+            pod: None,
+            container: ctr.clone(),
+        };
+        s.call(PLUGIN_SERVICE, "StopContainer", &stop.encode_to_vec())
+            .unwrap();
+        let rm = api::RemoveContainerRequest {
+            pod: None,
+            container: ctr.clone(),
+        };
+        s.call(PLUGIN_SERVICE, "RemoveContainer", &rm.encode_to_vec())
+            .unwrap();
+        let ev = api::StateChangeEvent {
+            event: api::Event::RemoveContainer as i32,
+            pod: None,
+            container: ctr.clone(),
+        };
+        s.call(PLUGIN_SERVICE, "StateChange", &ev.encode_to_vec())
+            .unwrap();
+        let ev = api::StateChangeEvent {
+            event: api::Event::StartContainer as i32,
+            pod: None,
+            container: ctr,
+        };
+        s.call(PLUGIN_SERVICE, "StateChange", &ev.encode_to_vec())
+            .unwrap();
+        assert_eq!(
+            *r.gone.lock().unwrap(),
+            [
+                ("c9".to_string(), Gone::Stopped),
+                ("c9".to_string(), Gone::Removed),
+                ("c9".to_string(), Gone::Removed)
+            ]
+        );
+    }
+
+    #[test]
+    fn split_synchronize_is_gathered_and_echoes_more() {
+        let (r, s) = service();
+        let part = |n: usize, more: bool| {
+            api::SynchronizeRequest {
+                pods: vec![api::PodSandbox::default(); n],
+                containers: vec![api::Container::default(); n * 2],
+                more,
+            }
+            .encode_to_vec()
+        };
+        for (n, more) in [(2, true), (3, true), (1, false)] {
+            let out = s
+                .call(PLUGIN_SERVICE, "Synchronize", &part(n, more))
+                .unwrap();
+            let resp = api::SynchronizeResponse::decode(out.as_slice()).unwrap();
+            assert_eq!(resp.more, more);
+            assert!(resp.update.is_empty());
+        }
+        assert_eq!(*r.synced.lock().unwrap(), [(6, 12)]);
+        // A later full sync starts afresh.
+        s.call(PLUGIN_SERVICE, "Synchronize", &part(1, false))
+            .unwrap();
+        assert_eq!(r.synced.lock().unwrap()[1], (1, 2));
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes arrive for any method, the service answers (a payload or a status)
+        /// and goes on serving.
+        #[test]
+        fn any_payload_for_any_method_is_answered(
+            method in proptest::sample::select(vec![
+                "Configure", "Synchronize", "Shutdown", "CreateContainer", "StopContainer",
+                "RemoveContainer", "StateChange", "UpdateContainer", "",
+            ]),
+            payload in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        ) {
+            let (_, s) = service();
+            if let Err((code, msg)) = s.call(PLUGIN_SERVICE, method, &payload) {
+                proptest::prop_assert!(code != code::OK);
+                proptest::prop_assert!(!msg.is_empty());
+            }
+            proptest::prop_assert!(s.call(PLUGIN_SERVICE, "CreateContainer", &create("app")).is_ok());
+        }
+    }
+}
