@@ -237,13 +237,43 @@ fn two_replica_pods_each_get_a_quarter_of_gpu_1() {
     let hard = serde_json::json!({"gpufence.dev/cores-policy": "hard"});
     let alone = spin(&together(&py, &c, &s, &[("ts-a", &spin4, none.clone(), 0)])[0]);
     let alone_hard = spin(&together(&py, &c, &s, &[("ts-a", &spin4, hard, 0)])[0]);
-    // Together: each back to its share.
-    let both = together(
-        &py,
-        &c,
-        &s,
-        &[("ts-a", &spin4, none.clone(), 0), ("ts-b", &spin4, none, 0)],
-    );
+    // Together: each back to its share. Meanwhile `gpufence ps` and the exporter show it.
+    let (both, table, metrics) = std::thread::scope(|sc| {
+        let pods = [
+            ("ts-a", spin4.as_str(), none.clone(), 0),
+            ("ts-b", spin4.as_str(), none, 0),
+        ];
+        let (py, c, s) = (&py, &c, &s);
+        let h = sc.spawn(move || together(py, c, s, &pods));
+        std::thread::sleep(std::time::Duration::from_millis(3000));
+        let list = gpufence::status::read::snapshot(&n.state_dir).unwrap();
+        let table = gpufence::status::ps::table(&list);
+        #[cfg(feature = "exporter")]
+        let metrics = gpufence::status::exporter::scrape(&n.state_dir).unwrap();
+        #[cfg(not(feature = "exporter"))]
+        let metrics = String::new();
+        (h.join().unwrap(), table, metrics)
+    });
+    println!("{table}");
+    for pod in ["ts-a", "ts-b"] {
+        let row = table
+            .lines()
+            .find(|l| l.contains(pod))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains(" 1/4 ") && row.contains("19.9 GiB"), "{table}");
+        if cfg!(feature = "exporter") {
+            for (family, v) in [("replicas", 1), ("replicas_registered", 4)] {
+                let series = metrics.lines().find(|l| {
+                    l.starts_with(&format!("gpufence_container_gpu_{family}{{"))
+                        && l.contains(&format!("pod=\"{pod}\""))
+                });
+                assert!(
+                    series.is_some_and(|l| l.ends_with(&format!(" {v}"))),
+                    "{metrics}"
+                );
+            }
+        }
+    }
     let (a, b) = (spin(&both[0]), spin(&both[1]));
     println!(
         "replicas-e2e compute (runc {}): alone burst {alone:.1} %, alone hard {alone_hard:.1} %, \

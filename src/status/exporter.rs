@@ -95,8 +95,8 @@ impl StateCollector {
                     limit.push((labels.clone(), ConstGauge::new(l as f64)));
                 }
                 if let Some(r) = d.replicas {
-                    held.push((labels.clone(), ConstGauge::new(f64::from(r.held))));
-                    registered.push((labels.clone(), ConstGauge::new(f64::from(r.of))));
+                    held.push((labels.clone(), ConstGauge::new(i64::from(r.held))));
+                    registered.push((labels.clone(), ConstGauge::new(i64::from(r.of))));
                 }
                 if c.error.is_some() {
                     continue; // usage unknown: no usage series rather than wrong ones
@@ -189,8 +189,8 @@ impl StateCollector {
 /// Time-slicing replicas per container and device (kubelet's record, `sharing.replicas`).
 fn replica_families(
     enc: &mut DescriptorEncoder,
-    held: &[(Labels, ConstGauge<f64>)],
-    registered: &[(Labels, ConstGauge<f64>)],
+    held: &[(Labels, ConstGauge<i64>)],
+    registered: &[(Labels, ConstGauge<i64>)],
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType::Gauge;
     family(
