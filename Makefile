@@ -14,7 +14,7 @@ APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci s
                 python3-venv python3-pip iproute2 uidmap binutils
 PY_VENV := $(CURDIR)/target/venv
 
-.PHONY: all deps rust package-tools build build-debug shim-compat demo test fuzz lint fmt bench clean-demo image package
+.PHONY: engines all deps rust package-tools build build-debug shim-compat demo test fuzz lint fmt bench clean-demo image package
 
 all: build
 
@@ -76,10 +76,21 @@ build-debug:
 demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)" target/release
 
-test: deps
+# Container engines without known escapes for the end-to-end tests (runc 1.5.1, containerd 2.3.4):
+# the project's shared build beside the checkout where present, else fetched into target/engines
+# by scripts/engines.sh (official release binaries, sha256-checked). First on PATH for the tests,
+# so containerd finds its shim and the shim its runc.
+ENGINES_DIR ?= $(abspath $(firstword $(wildcard ../shared/engines/bin ../../shared/engines/bin) target/engines))
+export ENGINES_DIR
+
+engines:
+	@bash scripts/engines.sh "$(ENGINES_DIR)" >/dev/null
+
+test: deps engines
 	$(CARGO) build --workspace --all-targets
 	@mkdir -p target
-	set -o pipefail; $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
+	@echo ">> end-to-end tests on $$($(ENGINES_DIR)/runc --version | head -1), $$($(ENGINES_DIR)/containerd --version | cut -d' ' -f3) ($(ENGINES_DIR))"
+	set -o pipefail; PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
 
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every

@@ -238,10 +238,12 @@ fn start_containerd(s: &Path, host: &Path) -> Containerd {
         .stderr(log)
         .spawn()
         .expect("unshare");
-    Containerd::started(
+    // Debian's containerd 1.6 runs the node: its own ctr (a 2.x ctr cannot import into it).
+    Containerd::started_with(
         child,
         host.join("run/containerd/containerd.sock"),
         &log_path,
+        PathBuf::from("/usr/bin/ctr"),
     )
 }
 

@@ -84,7 +84,8 @@ fn podman(scratch: &Path) -> Command {
             "--events-backend",
             "file",
         ])
-        .args(["--runtime", "runc"]);
+        .arg("--runtime")
+        .arg(common::runc());
     c
 }
 

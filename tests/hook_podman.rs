@@ -95,6 +95,11 @@ impl Env {
 
     /// podman global options for this test's storage, then `sub` (e.g. `["import", …]`).
     fn podman_base(&self, runtime: &str) -> Command {
+        // "runc" is the engines' runc 1.5.1 where present (common::runc).
+        let runtime = match runtime {
+            "runc" => common::runc().display().to_string(),
+            other => other.to_string(),
+        };
         let mut cmd = Command::new("podman");
         cmd.arg("--root")
             .arg(self.dir.join("podman/root"))
@@ -108,7 +113,7 @@ impl Env {
                 "--events-backend",
                 "file",
                 "--runtime",
-                runtime,
+                &runtime,
             ]);
         cmd
     }

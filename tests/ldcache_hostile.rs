@@ -107,7 +107,7 @@ fn case(tag: &str) -> Case {
     std::fs::write(b.join("config.json"), &pristine).unwrap();
     let _ = std::fs::remove_dir_all(&rootfs);
     common::glibc_rootfs(&b);
-    set_runtime(&n, "/usr/sbin/runc");
+    set_runtime(&n, common::runc().to_str().unwrap());
     Case {
         scratch: s,
         node: n,

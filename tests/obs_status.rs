@@ -51,7 +51,7 @@ impl Drop for Cleanup {
             let _ = e.wait();
         }
         for id in &self.ids {
-            let _ = Command::new("runc")
+            let _ = Command::new(common::runc())
                 .arg("--root")
                 .arg(&self.root)
                 .args(["kill", id, "KILL"])
@@ -225,7 +225,7 @@ fn region_path(n: &Node, root: &Path, id: &str) -> PathBuf {
         return host;
     }
     let (_, out, _) = common::run(
-        Command::new("runc")
+        Command::new(common::runc())
             .arg("--root")
             .arg(root)
             .args(["state", id]),

@@ -11,7 +11,7 @@
 //!
 //! containerd 1.6 (Debian) with the `gpufence` runtime handler written by `gpufence runtime
 //! configure`; `gpufence-runtime` then runs runc 1.5.1 from shared/engines/bin where it is found
-//! (Debian's runc 1.1.5 lacks fixes for known container escapes), else the system runc. Needs
+//! (`common::runc`; Debian's runc 1.1.5 lacks fixes for known container escapes). Needs
 //! root, containerd, ctr, runc, umoci, gcc and target/venv (`make deps`).
 
 mod common;
@@ -20,7 +20,7 @@ mod cri_support;
 mod harness;
 mod runtime_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use cri_support::{Containerd, client, import_image, import_rootfs, operator_config};
@@ -31,21 +31,6 @@ const CLIENT: &str = "/usr/local/bin/cuda_client proc";
 const GPU_MIB: u64 = 81559;
 const QUARTER: u64 = (GPU_MIB << 20) / 4;
 
-/// runc 1.5.1 from shared/engines/bin (`GPUFENCE_TEST_RUNC` overrides), else the system's.
-fn engines_runc() -> PathBuf {
-    if let Some(p) = std::env::var_os("GPUFENCE_TEST_RUNC") {
-        return PathBuf::from(p);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/engines/bin/runc"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            eprintln!("NOTE: no shared/engines/bin/runc; using /usr/sbin/runc");
-            PathBuf::from("/usr/sbin/runc")
-        })
-}
-
 /// containerd 1.6 with the gpufence handler configured, finding gpufence's config `config`.
 fn containerd(s: &Path, config: &Path) -> Containerd {
     let cdir = s.join("containerd");
@@ -53,8 +38,10 @@ fn containerd(s: &Path, config: &Path) -> Containerd {
     let main = cdir.join("config.toml");
     std::fs::write(&main, operator_config(&cdir)).unwrap();
     let (code, out, err) = common::run(
+        // The real runtime checked is the node's runtime.path (common::runc: runc 1.5.1).
         Command::new(common::bin("gpufence"))
-            .args(["runtime", "configure", "--allow-vulnerable-runtime"])
+            .env("GPUFENCE_CONFIG", config)
+            .args(["runtime", "configure"])
             .args(["--runtime", "containerd", "--config"])
             .arg(&main)
             .arg("--record-dir")
@@ -62,19 +49,23 @@ fn containerd(s: &Path, config: &Path) -> Containerd {
     );
     assert_eq!(code, 0, "{out}{err}");
     let log = std::fs::File::create(cdir.join("containerd.log")).unwrap();
-    let child = Command::new("containerd")
+    let child = Command::new("/usr/bin/containerd")
         .arg("--config")
         .arg(&main)
         .env("GPUFENCE_CONFIG", config)
+        // containerd 1.6 with Debian's shim, whatever PATH the tests run under (the engines'
+        // containerd 2.3 shim first on PATH would not fit); runc is named by BinaryName.
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
         .expect("start containerd");
-    Containerd::started(
-        child,
-        cdir.join("containerd.sock"),
-        &cdir.join("containerd.log"),
-    )
+    let sock = cdir.join("containerd.sock");
+    let ctr = std::path::PathBuf::from("/usr/bin/ctr");
+    Containerd::started_with(child, sock, &cdir.join("containerd.log"), ctr)
 }
 
 /// The checkpoint: 4 GPUs × 4 replicas registered as `nvidia.com/gpu`; `ts-a` and `ts-b` (pod
@@ -165,17 +156,15 @@ fn two_replica_pods_each_get_a_quarter_of_gpu_1() {
     let cp = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
     std::fs::create_dir_all(cp.parent().unwrap()).unwrap();
     std::fs::write(&cp, checkpoint()).unwrap();
-    let runc = engines_runc();
+    // runtime.path: the engines' runc 1.5.1 where present (common::runc).
+    let runc = common::runc();
     let n = node(
         &s,
         4,
-        &[
-            (
-                "kubelet.checkpoint",
-                toml_edit::value(cp.display().to_string()),
-            ),
-            ("runtime.path", toml_edit::value(runc.display().to_string())),
-        ],
+        &[(
+            "kubelet.checkpoint",
+            toml_edit::value(cp.display().to_string()),
+        )],
     );
     let c = containerd(&s, &n.config);
     import_image(&s, &c);

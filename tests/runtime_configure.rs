@@ -462,3 +462,84 @@ fn this_machines_runc_is_judged() {
     );
     assert_eq!(code == 2, vulnerable, "{version}: {out}{err}");
 }
+
+/// containerd 2.3 writes config version 4 (`containerd config default`): configure adds the
+/// handler through a version-4 drop-in, and a real containerd 2.3.4 (the engines') loads it —
+/// `containerd config dump` merges the import and shows the `gpufence` runtime with the
+/// allow-list and gpufence-runtime as its binary.
+#[test]
+fn containerd_2_3_loads_the_version_4_drop_in() {
+    let Some(engines) = common::engines_dir() else {
+        eprintln!("SKIP: no ENGINES_DIR with containerd 2.3");
+        return;
+    };
+    let containerd = engines.join("containerd");
+    let s = common::scratch("cfg-containerd-2-3");
+    let (code, default, err) = common::run(Command::new(&containerd).args(["config", "default"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(default.starts_with("version = 4"), "{default}");
+    let main = s.join("config.toml");
+    // The operator's defaults, on private paths (dump never starts anything).
+    let original = default
+        .replace(
+            "'/var/lib/containerd'",
+            &format!("'{}'", s.join("root").display()),
+        )
+        .replace(
+            "'/run/containerd'",
+            &format!("'{}'", s.join("state").display()),
+        );
+    std::fs::write(&main, &original).unwrap();
+    let (code, out, err) = configure(&[
+        "--runtime",
+        "containerd",
+        "--config",
+        main.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let drop_in = std::fs::read_to_string(s.join("conf.d/gpufence.toml")).unwrap();
+    assert!(drop_in.contains("version = 4"), "{drop_in}");
+
+    let (code, dump, err) = common::run(
+        Command::new(&containerd)
+            .arg("--config")
+            .arg(&main)
+            .args(["config", "dump"]),
+    );
+    assert_eq!(code, 0, "containerd 2.3 refused the configuration: {err}");
+    let merged: toml::Table = toml::from_str(&dump).unwrap_or_else(|e| panic!("{e}: {dump}"));
+    let rt =
+        &merged["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpufence"];
+    assert_eq!(
+        rt["runtime_type"].as_str(),
+        Some("io.containerd.runc.v2"),
+        "{dump}"
+    );
+    assert_eq!(
+        rt["options"]["BinaryName"].as_str(),
+        Some(common::bin("gpufence-runtime").to_str().unwrap()),
+        "{dump}"
+    );
+    let allowed = rt["pod_annotations"].as_array().unwrap();
+    assert!(
+        allowed.iter().any(|a| a.as_str() == Some("gpufence.dev/*")),
+        "{dump}"
+    );
+    // The operator's runc handler is still there, and of the main file only its `imports`
+    // line changed (2.3's default already imports /etc/containerd/conf.d/*.toml).
+    assert!(
+        merged["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+            .get("runc")
+            .is_some(),
+        "{dump}"
+    );
+    let now = std::fs::read_to_string(&main).unwrap();
+    let changed: Vec<(&str, &str)> = original
+        .lines()
+        .zip(now.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(now.lines().count(), original.lines().count(), "{now}");
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(changed[0].1.starts_with("imports = ["), "{changed:?}");
+}

@@ -11,11 +11,26 @@ mod common;
 mod cri_support;
 mod runtime_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cri_support::{Containerd, import_image, import_image_named, operator_config};
 use runtime_support::{PROBE, facts, node};
+
+/// PATH without the engines' directory: containerd 1.6 runs its own (Debian) shim; the runc under
+/// it is the engines' runc 1.5.1 (`BinaryName`, gpufence's `runtime.path`).
+fn system_path() -> String {
+    let engines = common::engines_dir();
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| {
+            let d = std::fs::canonicalize(d).unwrap_or_else(|_| PathBuf::from(d));
+            engines.as_deref() != Some(d.as_path())
+        })
+        .collect::<Vec<_>>()
+        .join(":")
+}
 
 fn cri(
     py: &Path,
@@ -81,7 +96,6 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
             .args([
                 "runtime",
                 "configure",
-                "--allow-vulnerable-runtime",
                 "--runtime",
                 "containerd",
                 "--config",
@@ -109,15 +123,17 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     // containerd hands to its shims.
     let sock = cdir.join("containerd.sock");
     let log = std::fs::File::create(cdir.join("containerd.log")).unwrap();
-    let child = Command::new("containerd")
+    let child = Command::new("/usr/bin/containerd")
         .arg("--config")
         .arg(&main)
+        .env("PATH", system_path())
         .env("GPUFENCE_CONFIG", &n.config)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
         .expect("start containerd");
-    let c = Containerd::started(child, sock, &cdir.join("containerd.log"));
+    let log = cdir.join("containerd.log");
+    let c = Containerd::started_with(child, sock, &log, PathBuf::from("/usr/bin/ctr"));
     import_image(&s, &c);
 
     // The pod annotation picks GPU 1.

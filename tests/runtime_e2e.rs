@@ -226,7 +226,8 @@ fn pass_through_is_exact() {
     }
     let s = common::scratch("rt-pass");
     let cfg = s.join("gpufence.toml");
-    std::fs::write(&cfg, "[runtime]\npath = \"/usr/sbin/runc\"\n").unwrap();
+    let runc = common::runc();
+    std::fs::write(&cfg, format!("[runtime]\npath = \"{}\"\n", runc.display())).unwrap();
     let wrapped = |args: &[&str]| {
         common::run(
             std::process::Command::new(common::bin("gpufence-runtime"))
@@ -234,7 +235,7 @@ fn pass_through_is_exact() {
                 .args(args),
         )
     };
-    let plain = |args: &[&str]| common::run(std::process::Command::new("runc").args(args));
+    let plain = |args: &[&str]| common::run(std::process::Command::new(common::runc()).args(args));
     assert_eq!(wrapped(&["--version"]), plain(&["--version"]));
     let root = s.join("root");
     let r = root.to_str().unwrap();

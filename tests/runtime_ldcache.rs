@@ -150,7 +150,7 @@ fn ld_cache_refreshed_before_runc_without_a_hook() {
     // Then real runc on the pristine spec: its mounts cover those targets, and the tool
     // resolves its libraries by soname.
     std::fs::write(b.join("config.json"), &pristine).unwrap();
-    set_runtime(&n, "/usr/sbin/runc");
+    set_runtime(&n, common::runc().to_str().unwrap());
     let id = unique_id("ldc");
     let (code, out, err) = runtime(&n, &root, &log, &["run", "-b", b.to_str().unwrap(), &id]);
     assert_eq!(code, 0, "{out}\n{err}");
@@ -281,7 +281,7 @@ fn hostile_rootfs_changes_nothing_on_the_host() {
     )
     .unwrap();
     // Real runc from here on.
-    doc["runtime"]["path"] = toml_edit::value("/usr/sbin/runc");
+    doc["runtime"]["path"] = toml_edit::value(common::runc().display().to_string());
     std::fs::write(&cfg, doc.to_string()).unwrap();
 
     let host_before = common::host_digest();

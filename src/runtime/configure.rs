@@ -1,7 +1,7 @@
 //! Register `gpufence-runtime` with a container engine, as drop-ins wherever the engine has
 //! them, never rewriting what the operator wrote.
 //!
-//! * containerd (config `version = 2` or `3`): a drop-in `conf.d/gpufence.toml` beside the main
+//! * containerd (config `version = 2`, `3` or `4`): a drop-in `conf.d/gpufence.toml` beside the main
 //!   file, pulled in by an `imports` entry added to the main file (the only change there; its
 //!   comments and layout are kept by `toml_edit`). containerd 1.x *replaces* a whole plugin
 //!   section from an imported file instead of merging it, so the drop-in carries a copy of the
@@ -237,12 +237,14 @@ pub fn containerd(
     };
     let plugin = match version {
         2 => "io.containerd.grpc.v1.cri",
-        3 => "io.containerd.cri.v1.runtime",
+        // containerd 2.0–2.2 write version 3, 2.3 writes version 4: the CRI runtime plugin
+        // and its runtime keys are the same in both.
+        3 | 4 => "io.containerd.cri.v1.runtime",
         v => {
             return Err(ConfigureError::Unsupported {
                 path: main_path.to_path_buf(),
                 message: format!(
-                    "containerd config version {v} is not supported (2 or 3): migrate it with `containerd config migrate`"
+                    "containerd config version {v} is not supported (2, 3 or 4): migrate it with `containerd config migrate`"
                 ),
             });
         }

@@ -33,6 +33,51 @@ pub fn cdylib(file: &str) -> PathBuf {
     p
 }
 
+/// The container engines without known escapes the end-to-end tests run on (runc 1.5.1,
+/// containerd 2.3.4, `ctr`): `ENGINES_DIR` (the Makefile sets it), else the project's shared
+/// `../shared/engines/bin` beside the checkout (or one level further up); `None` when absent.
+pub fn engines_dir() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        std::env::var_os("ENGINES_DIR").map(PathBuf::from),
+        Some(root.join("../shared/engines/bin")),
+        Some(root.join("../../shared/engines/bin")),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|d| d.join("runc").is_file())
+    .map(|d| std::fs::canonicalize(&d).unwrap_or(d))
+}
+
+/// The runc every end-to-end test runs: the engines' (runc 1.5.1, [`engines_dir`]), else the
+/// host's `/usr/sbin/runc` (Debian 12's 1.1.5 lacks escape fixes: said once on stderr).
+pub fn runc() -> PathBuf {
+    static NOTE: std::sync::Once = std::sync::Once::new();
+    match engines_dir() {
+        Some(d) => d.join("runc"),
+        None => {
+            NOTE.call_once(|| {
+                eprintln!("note: no ENGINES_DIR with runc 1.5.1: using the host's /usr/sbin/runc")
+            });
+            PathBuf::from("/usr/sbin/runc")
+        }
+    }
+}
+
+/// `PATH` with the engines first (containerd finds its shim, the shim its runc, through PATH).
+pub fn engines_path() -> std::ffi::OsString {
+    let old = std::env::var_os("PATH").unwrap_or_default();
+    match engines_dir() {
+        Some(d) => {
+            let mut p = d.into_os_string();
+            p.push(":");
+            p.push(old);
+            p
+        }
+        None => old,
+    }
+}
+
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }

@@ -14,6 +14,8 @@ use crate::common;
 pub struct Containerd {
     pub child: Child,
     pub sock: PathBuf,
+    /// The `ctr` of the same release (a 2.x ctr cannot import into containerd 1.6).
+    pub ctr_bin: PathBuf,
 }
 
 impl Drop for Containerd {
@@ -38,11 +40,20 @@ impl Containerd {
     /// Wrap a started containerd and wait until it answers on `sock` (`log`: its output, shown
     /// when it does not come up).
     pub fn started(child: Child, sock: PathBuf, log: &Path) -> Containerd {
-        let c = Containerd { child, sock };
+        Containerd::started_with(child, sock, log, PathBuf::from("ctr"))
+    }
+
+    /// [`Containerd::started`], talking to it with the `ctr` at `ctr_bin`.
+    pub fn started_with(child: Child, sock: PathBuf, log: &Path, ctr_bin: PathBuf) -> Containerd {
+        let c = Containerd {
+            child,
+            sock,
+            ctr_bin,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let (code, _, _) = common::run(
-                Command::new("ctr")
+                Command::new(&c.ctr_bin)
                     .arg("--address")
                     .arg(&c.sock)
                     .arg("version"),
@@ -60,7 +71,7 @@ impl Containerd {
     }
 
     pub fn ctr(&self) -> Command {
-        let mut c = Command::new("ctr");
+        let mut c = Command::new(&self.ctr_bin);
         c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
         c
     }
@@ -150,7 +161,8 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
 }
 
 /// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
-/// socket, host-network pods, the imported `localhost/pause:test` as sandbox image.
+/// socket, host-network pods, the imported `localhost/pause:test` as sandbox image, the runc of
+/// the tests ([`common::runc`]: the engines' 1.5.1) under the default handler.
 pub fn operator_config(dir: &Path) -> String {
     let d = dir.display();
     format!(
@@ -177,7 +189,9 @@ state = "{d}/state"
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
-"#
+          BinaryName = "{runc}"
+"#,
+        runc = common::runc().display()
     )
 }
 

@@ -27,7 +27,7 @@ pub fn node(scratch: &Path, gpus: u32, extra: &[(&str, toml_edit::Item)]) -> Nod
     let log = scratch.join("gpufence.log");
     doc["state-dir"] = toml_edit::value(state_dir.display().to_string());
     doc["gpufence-binary"] = toml_edit::value(common::bin("gpufence").display().to_string());
-    doc["runtime"]["path"] = toml_edit::value("/usr/sbin/runc");
+    doc["runtime"]["path"] = toml_edit::value(common::runc().display().to_string());
     doc["shim"]["library"] =
         toml_edit::value(common::cdylib("libgpufence.so").display().to_string());
     doc["log"]["file"] = toml_edit::value(log.display().to_string());
@@ -69,7 +69,7 @@ pub fn bundle(
     let b = scratch.join(name);
     std::fs::create_dir_all(&b).unwrap();
     let rootfs = common::busybox_rootfs(&b);
-    let (code, _, err) = common::run(Command::new("runc").args(["spec", "-b"]).arg(&b));
+    let (code, _, err) = common::run(Command::new(common::runc()).args(["spec", "-b"]).arg(&b));
     assert_eq!(code, 0, "runc spec: {err}");
     let p = b.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
@@ -111,7 +111,7 @@ pub fn runtime(node: &Node, root: &Path, runc_log: &Path, args: &[&str]) -> (i32
 /// Container ids of `runc --root R list`.
 pub fn runc_list(root: &Path) -> Vec<String> {
     let (_, out, _) = common::run(
-        Command::new("runc")
+        Command::new(common::runc())
             .arg("--root")
             .arg(root)
             .args(["list", "-q"]),
