@@ -13,9 +13,12 @@ use crate::kubelet::{self, KubeletSource, PodIdentity};
 /// it (`trust-env` or `trust-annotations` = `"kubelet"`). `override_path` is
 /// `gpufence plan --kubelet-checkpoint FILE`: read even where no kubelet directory exists.
 pub fn load(cfg: &Config, request: &Inputs, override_path: Option<&Path>) -> KubeletSource {
+    // kubelet's record counts for env and annotations (trust-env / trust-annotations =
+    // "kubelet") and for time-slicing shares.
     let ac = &cfg.allocation;
     let wanted = ac.trust_env.is_kubelet()
-        || ac.trust_annotations == crate::config::TrustAnnotations::Kubelet;
+        || ac.trust_annotations == crate::config::TrustAnnotations::Kubelet
+        || cfg.sharing.replicas != crate::config::ReplicasPolicy::Off;
     if !wanted {
         return KubeletSource::Absent;
     }

@@ -106,6 +106,11 @@ pub fn import_image(s: &Path, c: &Containerd) {
 /// containerd.
 pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
     let rootfs = common::busybox_rootfs(&s.join(format!("image-src-{name}")));
+    import_rootfs(s, c, name, &rootfs, env);
+}
+
+/// `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into containerd.
+pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &[&str]) {
     let img = s.join(format!("img-{name}"));
     let ub = s.join(format!("img-bundle-{name}"));
     let sh = |args: &[&str]| {
@@ -153,6 +158,41 @@ pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
             .arg(&tar),
     );
     assert_eq!(code, 0, "ctr import: {out}{err}");
+}
+
+/// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
+/// socket, host-network pods, the imported `localhost/pause:test` as sandbox image, the runc of
+/// the tests ([`common::runc`]: the engines' 1.5.1) under the default handler.
+pub fn operator_config(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"# Operator's containerd configuration: gpufence must keep this file and its comments.
+version = 2
+root = "{d}/root"
+state = "{d}/state"
+
+[grpc]
+  address = "{d}/containerd.sock" # our own socket, not the system one
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "localhost/pause:test"
+    # root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail
+    restrict_oom_score_adj = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "{d}/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "native"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          BinaryName = "{runc}"
+"#,
+        runc = common::runc().display()
+    )
 }
 
 /// One pod through the `gpufence` handler running `command`; the client's JSON answer.
