@@ -70,6 +70,12 @@ impl Containerd {
         }
     }
 
+    /// Whether the `ctr` is containerd 2.x's (`ctr github.com/containerd/containerd/v2 v2.…`).
+    pub fn ctr_is_v2(&self) -> bool {
+        let (_, out, _) = common::run(Command::new(&self.ctr_bin).arg("--version"));
+        out.contains("containerd/v2 ")
+    }
+
     pub fn ctr(&self) -> Command {
         let mut c = Command::new(&self.ctr_bin);
         c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
@@ -145,18 +151,21 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
     sh(&config);
     let tar = s.join(format!("{name}-oci.tar"));
     sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
-    let (code, out, err) = common::run(
-        c.ctr()
-            .args([
-                "images",
-                "import",
-                "--base-name",
-                &format!("localhost/{name}"),
-                "--snapshotter",
-                "native",
-            ])
-            .arg(&tar),
-    );
+    let mut import = c.ctr();
+    import.args([
+        "images",
+        "import",
+        "--base-name",
+        &format!("localhost/{name}"),
+        "--snapshotter",
+        "native",
+    ]);
+    if c.ctr_is_v2() {
+        // containerd 2.x's transfer service unpacks only for the platforms its config names;
+        // a local import unpacks into the native snapshotter as 1.x's ctr does.
+        import.arg("--local");
+    }
+    let (code, out, err) = common::run(import.arg(&tar));
     assert_eq!(code, 0, "ctr import: {out}{err}");
 }
 
