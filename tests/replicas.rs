@@ -337,11 +337,16 @@ fn off_leaves_replicas_unlimited() {
     off.sharing.replicas = ReplicasPolicy::Off;
     let p = plan(&container(POD, "app", &uuid(1), &[]), &four_way(&[0]), &off).unwrap();
     assert_eq!(rows(&p), vec![(GPU1, None, None, None)]);
-    // An unreadable record does not matter then for the plugin's device mounts.
+    // An unreadable record does not matter to the replica shares then; the plugin's device
+    // mounts still need kubelet's record under trust-annotations = "kubelet" (fail closed), and
+    // pass where the node believes them.
     let s = with_mounts(
         container(POD, "app", "/var/run/nvidia-container-devices", &[]),
         &[&format!("/var/run/nvidia-container-devices/{}", uuid(1))],
     );
+    let e = plan(&s, "{not a checkpoint", &off).unwrap_err();
+    assert!(e.why.contains("cannot be used"), "{e}");
+    off.allocation.trust_annotations = gpufence::config::TrustAnnotations::Believed;
     assert!(plan(&s, "{not a checkpoint", &off).is_ok());
 }
 
@@ -389,16 +394,21 @@ fn unknowable_shares_are_refused() {
         container(POD, "app", "/var/run/nvidia-container-devices", &[]),
         &[&format!("/var/run/nvidia-container-devices/{u}")],
     );
+    // Refused either way: by the trust check (the grant is unbacked) before the replica check
+    // (the share cannot be known) would refuse it.
     let e = plan(&s, "{not a checkpoint", &config()).unwrap_err();
-    assert_eq!(e.key, "kubelet.checkpoint", "{e}");
     assert!(
-        e.why.contains("time-slicing replicas") && e.why.contains("GPU 1"),
+        e.why.contains("GPU 1") && e.why.contains("cannot be used"),
         "{e}"
     );
-    // An annotation-borne GPU is allocation.trust-annotations' business.
+    // An annotation-borne GPU is allocation.trust-annotations' business: refused unbacked under
+    // "kubelet" (the default), whole and unlimited where the node believes annotations.
     let s = container(POD, "app", "", &[("gpufence.dev/devices", "1")]);
+    assert!(plan(&s, "{not a checkpoint", &config()).is_err());
+    let mut believed = config();
+    believed.allocation.trust_annotations = gpufence::config::TrustAnnotations::Believed;
     assert_eq!(
-        rows(&plan(&s, "{not a checkpoint", &config()).unwrap()),
+        rows(&plan(&s, "{not a checkpoint", &believed).unwrap()),
         vec![(GPU1, None, None, None)]
     );
     // A malformed replica id makes the record unusable.
