@@ -101,6 +101,7 @@ fuzz: rust
 
 lint:
 	python3 scripts/layers.py
+	python3 scripts/fn_length.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

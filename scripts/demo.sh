@@ -2,8 +2,9 @@
 # The demo behind `make demo`: a simulated 4-GPU node, its inventory and CDI spec, and a real
 # container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only;
 # then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, a
-# forged pod (GPU annotation, no kubelet record) refused, an
-# image-env grab neutralised, and two containers sharing one GPU's time at 30 % and 70 %.
+# forged pod (GPU annotation, no kubelet record) refused, an image-env grab neutralised, two
+# containers sharing one GPU's time at 30 % and 70 %, and two pods holding one time-slicing
+# replica each of a GPU shared 4 ways: a quarter each.
 set -euo pipefail
 
 if [ "${1:-}" = "--clean" ]; then
@@ -192,6 +193,43 @@ done
 wait
 for share in 30 70; do
   GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete "gpufence-demo-$share" 2>/dev/null || true
+done
+
+say "10. time-slicing replicas: NVIDIA's device plugin advertises GPU 3 four times; two pods hold one each"
+# What kubelet records on a time-slicing cluster: replica ids <uuid>::<k> per container and, under
+# RegisteredDevices, every replica of the resource. gpufence makes 1 of 4 = a quarter of the
+# memory (hard) and 25 % of the compute (burst: idle time may be used). Nothing else is installed.
+gpu3=$("$bin/gpufence" --config "$cfg" inventory --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["gpus"][3]["uuid"])')
+all3=$(for k in 0 1 2 3; do printf '%s::%s,' "$gpu3" "$k"; done); all3=${all3%,}
+"$bin/gpufence-sim" kubelet-checkpoint --output "$cp_file" --register "nvidia.com/gpu=$all3" \
+  --entry "{\"pod\":\"ts-a-uid\",\"container\":\"main\",\"resource\":\"nvidia.com/gpu\",\"ids\":[\"$gpu3::0\"],\"env\":{\"NVIDIA_VISIBLE_DEVICES\":\"$gpu3\"}}" \
+  --entry "{\"pod\":\"ts-b-uid\",\"container\":\"main\",\"resource\":\"nvidia.com/gpu\",\"ids\":[\"$gpu3::2\"],\"env\":{\"NVIDIA_VISIBLE_DEVICES\":\"$gpu3\"}}"
+for p in ts-a ts-b; do
+  pod_bundle "$p" "$p-uid" main "[\"NVIDIA_VISIBLE_DEVICES=$gpu3\"]" \
+    "{\"io.kubernetes.cri.sandbox-namespace\": \"team-a\", \"io.kubernetes.cri.sandbox-name\": \"$p\"}"
+  r="$dir/rootfs-$p"; rm -rf "$r"; cp -a "$rootfs" "$r"; mkdir -p "$r/usr/local/bin"; cp "$dir/cuda_client" "$r/usr/local/bin/"
+  python3 - "$dir/$p/config.json" "$r" "$p" <<'PY'
+import json, sys
+p, rootfs, name = sys.argv[1:]
+s = json.load(open(p))
+s["root"]["path"] = rootfs
+s["process"]["args"] = ["/bin/sh", "-c",
+  "c=/usr/local/bin/cuda_client; q=$(grep memory /run/gpufence/quota | cut -d= -f2);"
+  f" $c proc info alloc $((q + 1)) | sed 's/^/{name}: /' | grep -v gpufence;"
+  f" $c proc spin 1000 4 1 plain | while read w how k dev win pct; do echo \"{name}: its kernels got $pct % of GPU 3\"; done"]
+json.dump(s, open(p, "w"), indent=2)
+PY
+done
+echo "\$ gpufence plan --bundle ts-a"
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/ts-a" --id ts-a | sed -n '/^allocation/,/^kubelet/p'
+echo "\$ gpufence-runtime run ts-a & ts-b   (info = free/total bytes as cuMemGetInfo shows them; alloc one byte past the quota)"
+for p in ts-a ts-b; do
+  GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/$p" "$p" &
+done
+sleep 2.5; echo "\$ gpufence ps"; "$bin/gpufence" --config "$cfg" ps
+wait
+for p in ts-a ts-b; do
+  GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete "$p" 2>/dev/null || true
 done
 
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"

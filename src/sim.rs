@@ -79,6 +79,10 @@ pub enum Cli {
         /// One entry as JSON: {"pod":UID,"container":NAME,"resource":NAME,"ids":[…],"env":{…}}.
         #[arg(long = "entry", value_name = "JSON")]
         entries: Vec<String>,
+        /// `RegisteredDevices` of one resource, `RESOURCE=ID,ID,…` (every id the device plugin
+        /// advertises, e.g. time-slicing replicas `GPU-…::0`…); without any, the entries' ids.
+        #[arg(long = "register", value_name = "RESOURCE=IDS")]
+        registered: Vec<String>,
     },
 }
 
@@ -458,7 +462,11 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
             println!("{}", cfg.display());
             Ok(())
         }
-        Cli::KubeletCheckpoint { output, entries } => {
+        Cli::KubeletCheckpoint {
+            output,
+            entries,
+            registered,
+        } => {
             let mut out = Vec::new();
             for e in &entries {
                 let e: SimEntry = serde_json::from_str(e)
@@ -477,7 +485,19 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
                     crate::kubelet::encode_alloc_resp(&env, &[]),
                 ));
             }
-            std::fs::write(&output, crate::kubelet::checkpoint_json(out))
+            let json = if registered.is_empty() {
+                crate::kubelet::checkpoint_json(out)
+            } else {
+                let mut reg: Vec<(&str, Vec<String>)> = Vec::new();
+                for r in &registered {
+                    let (res, ids) = r.split_once('=').ok_or_else(|| {
+                        Exit::invalid(format!("--register {r}: expected RESOURCE=ID,ID,…"))
+                    })?;
+                    reg.push((res, ids.split(',').map(str::to_string).collect()));
+                }
+                crate::kubelet::checkpoint_json_registered(out, &reg)
+            };
+            std::fs::write(&output, json)
                 .map_err(|e| Exit::env(format!("{}: {e}", output.display())))
         }
     }

@@ -135,6 +135,20 @@ fn host_root(s: &Path) -> PathBuf {
     doc["log"]["file"] = toml_edit::value("/var/log/gpufence.log");
     std::fs::create_dir_all(h.join("etc/gpufence")).unwrap();
     std::fs::write(h.join("etc/gpufence/config.toml"), doc.to_string()).unwrap();
+    // kubelet's record of the GPU pod (allocation.trust-annotations = "kubelet", the default):
+    // the device plugin gave gpu-pod/app GPU 1; its annotation only narrows the memory.
+    use gpufence::kubelet;
+    let gpu1 = gpufence::sim::gpu_uuid(1);
+    let cp = h.join("var/lib/kubelet/device-plugins/kubelet_internal_checkpoint");
+    std::fs::create_dir_all(cp.parent().unwrap()).unwrap();
+    let record = kubelet::checkpoint_json(vec![kubelet::entry(
+        "gpu-pod-uid",
+        "app",
+        "nvidia.com/gpu",
+        &[gpu1.as_str()],
+        kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", gpu1.as_str())], &[]),
+    )]);
+    std::fs::write(cp, record).unwrap();
     h
 }
 

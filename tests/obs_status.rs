@@ -250,7 +250,13 @@ fn ps_and_exporter_agree_with_the_clients() {
         return;
     };
     let s = common::scratch("obs-status");
-    let n = node(&s, 2, &[]);
+    // The containers carry CRI names (for the display) but no kubelet: their GPU annotations are
+    // believed here (allocation.trust-annotations = true; the trust model has its own tests).
+    let n = node(
+        &s,
+        2,
+        &[("allocation.trust-annotations", toml_edit::value(true))],
+    );
     let mut c = Cleanup {
         node: n.config.clone(),
         root: s.join("runc-root"),

@@ -438,10 +438,11 @@ fn vulnerable_runtime_is_refused_unless_allowed() {
 /// The check runs this machine's real runc: at runc 1.1.5 (Debian 12) configure refuses.
 #[test]
 fn this_machines_runc_is_judged() {
-    if !common::have("runc") {
+    // The distribution's runc (Debian 12: 1.1.5, refused), whatever is first on PATH.
+    if !Path::new("/usr/sbin/runc").is_file() {
         return;
     }
-    let (_, version, _) = common::run(Command::new("runc").arg("--version"));
+    let (_, version, _) = common::run(Command::new("/usr/sbin/runc").arg("--version"));
     let vulnerable = matches!(
         gpufence::runtime::vulnerable::judge(&version),
         gpufence::runtime::vulnerable::Verdict::Vulnerable(_)

@@ -14,40 +14,8 @@ mod runtime_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cri_support::{Containerd, import_image, import_image_named};
+use cri_support::{Containerd, import_image, import_image_named, operator_config};
 use runtime_support::{PROBE, facts, node};
-
-fn operator_config(dir: &Path) -> String {
-    let d = dir.display();
-    format!(
-        r#"# Operator's containerd configuration: gpufence must keep this file and its comments.
-version = 2
-root = "{d}/root"
-state = "{d}/state"
-
-[grpc]
-  address = "{d}/containerd.sock" # our own socket, not the system one
-
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "localhost/pause:test"
-    # root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail
-    restrict_oom_score_adj = true
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "{d}/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "native"
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
-          BinaryName = "{runc}"
-"#,
-        runc = common::runc().display()
-    )
-}
 
 /// PATH without the engines' directory: containerd 1.6 runs its own (Debian) shim; the runc under
 /// it is the engines' runc 1.5.1 (`BinaryName`, gpufence's `runtime.path`).

@@ -78,6 +78,7 @@ fn record_of(container: &str, resources: Vec<ResourceGrant>) -> KubeletSource {
         resources,
         dra_claims: vec![],
         dra_unavailable: None,
+        replicas: vec![],
     })
 }
 

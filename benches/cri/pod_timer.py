@@ -2,8 +2,10 @@
 """Times whole pod starts through CRI: RunPodSandbox + CreateContainer + StartContainer, for the
 handlers given, interleaved, one pod at a time (stopped and removed outside the timed region).
 
-Usage: pod_timer.py SOCKET RUNS IMAGE HANDLER[=ANNOTATIONS_JSON] ...
-Prints one line per handler: name, median ms, interquartile range, runs.
+Usage: pod_timer.py SOCKET RUNS IMAGE [LABEL:]HANDLER[@SOCKET][=ANNOTATIONS_JSON] ...
+Each arm runs on SOCKET unless it names its own (`@SOCKET`: another containerd in the same run).
+Prints one line per arm: label, median ms, interquartile range, runs; and each arm's median
+minus the first arm's, paired by round (the same round's pods run back to back).
 Needs PyPI container-runtime-interface-api (cri_api) and grpcio (make deps: target/venv).
 """
 import json
@@ -44,21 +46,27 @@ def pod(rt, handler, ann, image, name):
 
 def main():
     sock, runs, image = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    arms = []
+    arms, stubs = [], {}
     for a in sys.argv[4:]:
-        h, _, j = a.partition("=")
-        arms.append((a, h, json.loads(j) if j else {}))
-    rt = pbg.RuntimeServiceStub(grpc.insecure_channel("unix://" + sock))
-    times = {a: [] for a, _, _ in arms}
+        spec, _, j = a.partition("=")
+        label, _, spec = spec.rpartition(":") if ":" in spec.split("@")[0] else ("", "", spec)
+        h, _, s = spec.partition("@")
+        s = s or sock
+        if s not in stubs:
+            stubs[s] = pbg.RuntimeServiceStub(grpc.insecure_channel("unix://" + s))
+        arms.append((label or a, h, json.loads(j) if j else {}, stubs[s]))
+    times = {a: [] for a, _, _, _ in arms}
     for i in range(-1, runs):  # one warm-up round
-        for a, h, ann in arms:
-            t = pod(rt, h, ann, image, f"bench-{h}-{i + 1}")
+        for n, (a, h, ann, rt) in enumerate(arms):
+            t = pod(rt, h, ann, image, f"bench-{n}-{h}-{i + 1}")
             if i >= 0:
                 times[a].append(t)
-    for a, _, _ in arms:
+    base = times[arms[0][0]]
+    for a, _, _, _ in arms:
         xs = times[a]
         q = st.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-        print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods)")
+        paired = st.median([x - b for x, b in zip(xs, base)])
+        print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods), paired {paired:+.1f} ms")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 //! strict parse + checksum, then the allocation it leads to for a HAMi container whose
 //! config.json asks for more than any record gives.
 //! Invariants: no panic; an accepted checkpoint re-serialises to one that parses to the same
-//! value; a grant never exceeds what the checkpoint records for this very container.
+//! value; a grant never exceeds what the checkpoint records for this very container, nor the
+//! time-slicing replica share it records (`<id>::<k>` ids).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -60,6 +61,13 @@ fuzz_target!(|data: &[u8]| {
                     !recorded.is_empty(),
                     "granted {a:?} without recorded GPU env"
                 );
+                for d in &a.devices {
+                    let Some(s) = &d.replica else { continue };
+                    assert!(s.held <= s.of, "{s:?}");
+                    if s.held < s.of {
+                        assert!(d.memory_limit.is_some_and(|m| m <= s.memory), "{d:?}");
+                    }
+                }
             }
         }
         Err(e) => {

@@ -36,6 +36,9 @@ pub struct AllocatedDevice {
     /// ([`backing`], `allocation.trust-annotations`).
     #[serde(default)]
     pub backing: backing::Backing,
+    /// The time-slicing replicas of this device kubelet records the container holding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<replicas::ReplicaShare>,
 }
 
 /// Devices of other CDI kinds named by `cdi.k8s.io/*` annotations, resolved with their edits.
@@ -153,6 +156,7 @@ pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
 pub mod record;
+pub mod replicas;
 pub mod scheduler;
 
 use devices::{Resolved, describe};
@@ -260,9 +264,22 @@ pub fn read_request(
         parts.push(dialects::gpufence_limits(inputs, &devices)?);
         origins.push(Origin::Annotation);
     }
-    let memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
-    let cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
+    let mut memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
+    let mut cores = agree::per_device(&parts, &devices, |p| p.cores.as_ref())?;
+    let from_plugin = parts
+        .iter()
+        .any(|p| p.dialect == Dialect::Nvidia && p.devices.is_some());
+    let shares = replicas::apply(
+        kubelet,
+        from_plugin,
+        &devices,
+        inventory,
+        config,
+        &mut memory,
+        &mut cores,
+    )?;
     let cores_burst = compute::cores_policy(inputs, &devices, &cores)?;
+    let cores_burst = replicas::cores_policy(inputs, &shares.shares, cores_burst, config)?;
     let oversubscribe = agree::oversubscribe(&parts)?;
     if !oversubscribe {
         check_memory_fits(&devices, &memory)?;
@@ -292,6 +309,7 @@ pub fn read_request(
     if devices.is_empty() && foreign.is_empty() {
         return Ok(intake);
     }
+    intake.notes.extend(shares.notes);
     let capabilities = capabilities(inputs, config, &mut intake)?;
     intake.allocation = Some(Allocation {
         dialects: dialects_used(&parts),
@@ -304,12 +322,13 @@ pub fn read_request(
                 memory_limit: memory.get(i).and_then(|m| m.0),
                 cores: cores.get(i).and_then(|c| c.0),
                 backing: backings.devices.get(i).cloned().unwrap_or_default(),
+                replica: shares.shares.get(i).cloned().flatten(),
             })
             .collect(),
         oversubscribe,
         capabilities,
         foreign_cdi: foreign,
-        sources: sources(&parts, &origins),
+        sources: [sources(&parts, &origins), shares.sources].concat(),
         cores_burst,
     });
     Ok(intake)

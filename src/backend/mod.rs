@@ -237,6 +237,7 @@ pub(crate) mod tests {
                     memory_limit: *m,
                     cores: *c,
                     backing: Default::default(),
+                    replica: None,
                 })
                 .collect(),
             oversubscribe: false,

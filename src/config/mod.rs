@@ -419,7 +419,7 @@ pub mod quota;
 pub mod sharing;
 
 pub use quota::{QuotaBackend, QuotaConfig};
-pub use sharing::{MpsConfig, SharingConfig};
+pub use sharing::{CoresPolicy, MpsConfig, ReplicasPolicy, SharingConfig};
 
 /// `[timeouts]`: deadlines, in seconds, of the child processes gpufence starts ([`crate::child`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,6 +20,33 @@ use crate::config::ConfigError;
 pub struct SharingConfig {
     /// MPS control daemons; absent: no GPU of this node is shared through MPS.
     pub mps: Option<MpsConfig>,
+    /// `sharing.replicas`: what a time-slicing replica of a GPU (`<id>::<k>` in kubelet's
+    /// record) is worth.
+    pub replicas: ReplicasPolicy,
+    /// `sharing.replica-cores-policy`: the cores policy of replica compute shares.
+    pub replica_cores_policy: CoresPolicy,
+}
+
+/// `sharing.replicas`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicasPolicy {
+    /// r of a GPU's N replicas = r/N of its memory (hard) and compute.
+    #[default]
+    Equal,
+    /// Replicas carry no limit.
+    Off,
+}
+
+/// A compute share's policy (`gpufence.dev/cores-policy` has the same two values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoresPolicy {
+    /// Never above the share.
+    Hard,
+    /// Idle GPU time may be used; back to the share under contention.
+    #[default]
+    Burst,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,5 +108,32 @@ impl SharingConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn replica_keys_default_parse_and_refuse_other_values() {
+        let d = Config::default();
+        assert_eq!(d.sharing.replicas, ReplicasPolicy::Equal);
+        assert_eq!(d.sharing.replica_cores_policy, CoresPolicy::Burst);
+        let c = Config::from_toml(
+            "[sharing]\nreplicas = \"off\"\nreplica-cores-policy = \"hard\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.sharing.replicas, ReplicasPolicy::Off);
+        assert_eq!(c.sharing.replica_cores_policy, CoresPolicy::Hard);
+        for bad in [
+            "[sharing]\nreplicas = \"half\"\n",
+            "[sharing]\nreplica-cores-policy = \"soft\"\n",
+        ] {
+            let e = Config::from_toml(bad, Path::new("c.toml")).unwrap_err();
+            assert!(e.to_string().contains("c.toml"), "{e}");
+        }
     }
 }

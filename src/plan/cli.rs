@@ -228,6 +228,9 @@ fn render_allocation(s: &mut String, p: &Plan) {
                         .map_or_else(|| "unlimited".to_string(), |c| format!("{c}%")),
                     d.backing
                 );
+                if let Some(r) = &d.replica {
+                    let _ = writeln!(s, "      {}", r.describe(&d.uuid, Some(a.cores_burst)));
+                }
             }
             for f in &a.foreign_cdi {
                 let _ = writeln!(

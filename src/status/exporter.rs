@@ -76,6 +76,7 @@ impl StateCollector {
         list.sort_by(|a, b| b.created.cmp(&a.created).then(a.id.cmp(&b.id)));
         let (mut used, mut limit, mut peak, mut refused, mut last, mut compute) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut held, mut registered) = (vec![], vec![]);
         let mut allocated: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut seen = HashSet::new();
         for c in &list {
@@ -92,6 +93,10 @@ impl StateCollector {
                 }
                 if let Some(l) = d.limit {
                     limit.push((labels.clone(), ConstGauge::new(l as f64)));
+                }
+                if let Some(r) = d.replicas {
+                    held.push((labels.clone(), ConstGauge::new(i64::from(r.held))));
+                    registered.push((labels.clone(), ConstGauge::new(i64::from(r.of))));
                 }
                 if c.error.is_some() {
                     continue; // usage unknown: no usage series rather than wrong ones
@@ -111,6 +116,7 @@ impl StateCollector {
                 }
             }
         }
+        replica_families(enc, &held, &registered)?;
         let bytes = Some(&Unit::Bytes);
         family(
             enc,
@@ -178,6 +184,31 @@ impl StateCollector {
             &node,
         )
     }
+}
+
+/// Time-slicing replicas per container and device (kubelet's record, `sharing.replicas`).
+fn replica_families(
+    enc: &mut DescriptorEncoder,
+    held: &[(Labels, ConstGauge<i64>)],
+    registered: &[(Labels, ConstGauge<i64>)],
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::Gauge;
+    family(
+        enc,
+        "gpufence_container_gpu_replicas",
+        "Time-slicing replicas of the device the container holds (kubelet's record); its share is this over gpufence_container_gpu_replicas_registered.",
+        None,
+        Gauge,
+        held,
+    )?;
+    family(
+        enc,
+        "gpufence_container_gpu_replicas_registered",
+        "Time-slicing replicas of the device kubelet registers (the device plugin's replicas).",
+        None,
+        Gauge,
+        registered,
+    )
 }
 
 impl Collector for StateCollector {
@@ -267,6 +298,8 @@ mod tests {
             "# TYPE gpufence_container_gpu_memory_peak_bytes gauge",
             "# TYPE gpufence_container_gpu_alloc_refusals counter",
             "# TYPE gpufence_node_gpu_memory_allocated_bytes gauge",
+            "# TYPE gpufence_container_gpu_replicas gauge",
+            "# TYPE gpufence_container_gpu_replicas_registered gauge",
             "# HELP gpufence_create_refusals Container creations refused",
             "gpufence_create_refusals_total{reason=\"allocation\"} 0",
         ] {

@@ -43,6 +43,17 @@ pub struct MetaDevice {
     pub memory: Option<u64>,
     #[serde(default)]
     pub cores: Option<u8>,
+    /// Time-slicing replicas of the device held (kubelet's record, `sharing.replicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Replicas>,
+}
+
+/// `held` of the `of` time-slicing replicas kubelet registers for the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replicas {
+    pub held: u32,
+    pub of: u32,
 }
 
 /// Where the container's init process is recorded, so that a reader can reach the container's
@@ -124,6 +135,10 @@ impl Meta {
                     uuid: d.uuid.clone(),
                     memory: d.memory_limit,
                     cores: d.cores,
+                    replicas: d.replica.as_ref().map(|r| Replicas {
+                        held: r.held,
+                        of: r.of,
+                    }),
                 })
                 .collect(),
             locator,
@@ -225,6 +240,7 @@ mod tests {
                 uuid: "MIG-x".into(),
                 memory: Some(4 << 30),
                 cores: Some(50),
+                replicas: Some(Replicas { held: 1, of: 4 }),
             }],
             locator: Locator {
                 pid_file: Some("/b/init.pid".into()),

@@ -56,7 +56,7 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     }
 }
 
-const HEADERS: [&str; 11] = [
+const HEADERS: [&str; 12] = [
     "CONTAINER",
     "NAMESPACE",
     "POD",
@@ -65,6 +65,7 @@ const HEADERS: [&str; 11] = [
     "UUID",
     "USED",
     "QUOTA",
+    "SHARE",
     "PEAK",
     "REFUSED",
     "PROCS",
@@ -74,7 +75,7 @@ const HEADERS: [&str; 11] = [
 /// comma-separated within a column.
 pub fn table(list: &[ContainerStatus]) -> String {
     let dash = |o: Option<String>| o.unwrap_or_else(|| "-".into());
-    let rows: Vec<[String; 11]> = list
+    let rows: Vec<[String; 12]> = list
         .iter()
         .map(|c| {
             let per = |f: &dyn Fn(&super::read::DeviceStatus) -> String| {
@@ -94,6 +95,7 @@ pub fn table(list: &[ContainerStatus]) -> String {
                 per(&|d| d.uuid.chars().take(12).collect()),
                 per(&|d| fig(Some(d.usage.used))),
                 per(&|d| d.limit.map_or("-".into(), |l| size(l, true))),
+                per(&|d| share(d)),
                 per(&|d| fig(d.usage.peak)),
                 per(&|d| {
                     d.usage
@@ -134,6 +136,15 @@ pub fn table(list: &[ContainerStatus]) -> String {
     out
 }
 
+/// The device's share: `1/4` time-slicing replicas, else its compute share (`30%`), else `-`.
+fn share(d: &super::read::DeviceStatus) -> String {
+    match (d.replicas, d.cores) {
+        (Some(r), _) => format!("{}/{}", r.held, r.of),
+        (None, Some(c)) => format!("{c}%"),
+        (None, None) => "-".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +159,7 @@ mod tests {
             uuid: "GPU-2f5d1c3a-0000-1111".into(),
             limit: Some(4 << 30),
             cores: None,
+            replicas: (i == "0").then_some(crate::status::meta::Replicas { held: 1, of: 4 }),
             usage: DeviceUsage {
                 used,
                 peak: Some(used),
@@ -186,7 +198,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            lines[1].contains("4 GiB,4 GiB") && lines[1].ends_with("  2"),
+            lines[1].contains("4 GiB,4 GiB  1/4,-  ") && lines[1].ends_with("  2"),
             "{t}"
         );
         assert_eq!(col(lines[0]), col(lines[1]), "{t}");

@@ -47,6 +47,9 @@ pub struct DeviceStatus {
     /// Quota in bytes (`None`: the whole device).
     pub limit: Option<u64>,
     pub cores: Option<u8>,
+    /// Time-slicing replicas held (`held` of `of`), where kubelet records them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<meta::Replicas>,
     #[serde(flatten)]
     pub usage: region::DeviceUsage,
 }
@@ -237,6 +240,7 @@ fn status(m: Meta, region: Result<Vec<u8>, String>) -> ContainerStatus {
                 uuid: d.uuid.clone(),
                 limit: d.memory,
                 cores: d.cores,
+                replicas: d.replicas,
                 usage: u,
             }
         })

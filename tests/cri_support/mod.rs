@@ -70,6 +70,12 @@ impl Containerd {
         }
     }
 
+    /// Whether the `ctr` is containerd 2.x's (`ctr github.com/containerd/containerd/v2 v2.…`).
+    pub fn ctr_is_v2(&self) -> bool {
+        let (_, out, _) = common::run(Command::new(&self.ctr_bin).arg("--version"));
+        out.contains("containerd/v2 ")
+    }
+
     pub fn ctr(&self) -> Command {
         let mut c = Command::new(&self.ctr_bin);
         c.arg("--address").arg(&self.sock).args(["-n", "k8s.io"]);
@@ -109,8 +115,7 @@ pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
     import_rootfs(s, c, name, &rootfs, env);
 }
 
-/// The directory `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into
-/// containerd.
+/// `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into containerd.
 pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &[&str]) {
     let img = s.join(format!("img-{name}"));
     let ub = s.join(format!("img-bundle-{name}"));
@@ -146,19 +151,57 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
     sh(&config);
     let tar = s.join(format!("{name}-oci.tar"));
     sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
-    let (code, out, err) = common::run(
-        c.ctr()
-            .args([
-                "images",
-                "import",
-                "--base-name",
-                &format!("localhost/{name}"),
-                "--snapshotter",
-                "native",
-            ])
-            .arg(&tar),
-    );
+    let mut import = c.ctr();
+    import.args([
+        "images",
+        "import",
+        "--base-name",
+        &format!("localhost/{name}"),
+        "--snapshotter",
+        "native",
+    ]);
+    if c.ctr_is_v2() {
+        // containerd 2.x's transfer service unpacks only for the platforms its config names;
+        // a local import unpacks into the native snapshotter as 1.x's ctr does.
+        import.arg("--local");
+    }
+    let (code, out, err) = common::run(import.arg(&tar));
     assert_eq!(code, 0, "ctr import: {out}{err}");
+}
+
+/// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
+/// socket, host-network pods, the imported `localhost/pause:test` as sandbox image, the runc of
+/// the tests ([`common::runc`]: the engines' 1.5.1) under the default handler.
+pub fn operator_config(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"# Operator's containerd configuration: gpufence must keep this file and its comments.
+version = 2
+root = "{d}/root"
+state = "{d}/state"
+
+[grpc]
+  address = "{d}/containerd.sock" # our own socket, not the system one
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "localhost/pause:test"
+    # root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail
+    restrict_oom_score_adj = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "{d}/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "native"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          BinaryName = "{runc}"
+"#,
+        runc = common::runc().display()
+    )
 }
 
 /// One pod through the `gpufence` handler running `command`; the client's JSON answer.

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Benchmark: the three appliers side by side in one run — a whole pod start through CRI
+# (RunPodSandbox + CreateContainer + StartContainer) on containerd 2.3.4 + runc 1.5.1 (the
+# engines: ENGINES_DIR), interleaved round by round on an 8-GPU simulated node:
+#   runc      containerd's plain runc handler, no GPU (the baseline)
+#   handler   the `gpufence` runtime handler (drop-in written by `gpufence runtime configure`),
+#             1 GPU with a 1Gi quota
+#   nri       the plain runc handler on a second containerd with `gpufence nri` connected,
+#             1 GPU with a 1Gi quota
+#   nri-nogpu the same containerd with the plugin, no GPU (the plugin's round trip alone)
+# Two containerds because a connected plugin sees every container of its runtime. Then the
+# create path alone: `gpufence nri`'s decision (CreateContainer → adjustment) from the plugin's
+# log, and whether any gpufence process runs per container (the ld-cache hook).
+#
+# Usage (root): benches/cri_appliers.sh [RUNS]   (default 15; BIN_DIR as benches/runtime.sh;
+# PY, default target/venv/bin/python). The GPU pods carry `gpufence.dev/devices: 1` with
+# `allocation.trust-annotations = true` (no kubelet here to record them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-${RUNS:-15}}
+if [ -z "${BIN_DIR:-}" ]; then
+  if [ -x target/release/gpufence-runtime ]; then BIN_DIR=target/release; else BIN_DIR=target/debug; fi
+fi
+BIN_DIR=$(cd "$BIN_DIR" && pwd)
+PY=${PY:-target/venv/bin/python}
+ENGINES_DIR=${ENGINES_DIR:-$(cd ../shared/engines/bin 2>/dev/null && pwd || true)}
+E=$ENGINES_DIR
+[ "$(id -u)" = 0 ] || { echo "appliers bench: needs root" >&2; exit 1; }
+[ -x "$E/containerd" ] && [ -x "$E/runc" ] || { echo "appliers bench: no engines (ENGINES_DIR)" >&2; exit 1; }
+for c in umoci tar; do command -v "$c" >/dev/null || { echo "appliers bench: $c missing" >&2; exit 1; }; done
+"$PY" -c 'import cri_api.v1.api_pb2, grpc' || { echo "appliers bench: $PY lacks cri_api/grpc (make deps)" >&2; exit 1; }
+export PATH="$E:$PATH"
+
+S=$(mktemp -d /tmp/gpufence-bench-appliers.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for d in "$S"/c*/root; do umount -R "$d" 2>/dev/null || true; done
+  rm -rf "$S" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$E/runc")
+printf '[allocation]\ntrust-annotations = true\n' >>"$CFG"
+export GPUFENCE_CONFIG=$CFG
+
+# A private containerd 2.3 config (version 4) under $1, NRI socket $1/nri.sock.
+config() {
+  local d=$1
+  mkdir -p "$d"/{opt,nri-plugins,nri-conf,cni,s,runc}
+  "$E/containerd" config default | sed \
+    -e "s|^root = .*|root = '$d/root'|" -e "s|^state = .*|state = '$d/state'|" -e "s|^imports = .*|imports = []|" \
+    -e "/\[plugins.'io.containerd.server.v1.grpc'\]/,/^$/ s|address = .*|address = '$d/containerd.sock'|" \
+    -e "/\[plugins.'io.containerd.server.v1.ttrpc'\]/,/^$/ s|address = .*|address = '$d/containerd.sock.ttrpc'|" \
+    -e "/\[plugins.'io.containerd.internal.v1.opt'\]/,/^$/ s|path = .*|path = '$d/opt'|" \
+    -e "s|socket_path = '/var/run/nri/nri.sock'|socket_path = '$d/nri.sock'|" \
+    -e "s|plugin_path = '/opt/nri/plugins'|plugin_path = '$d/nri-plugins'|" \
+    -e "s|plugin_config_path = '/etc/nri/conf.d'|plugin_config_path = '$d/nri-conf'|" \
+    -e "s|conf_dir = '/etc/cni/net.d'|conf_dir = '$d/cni'|" \
+    -e "s|BinaryName = ''|BinaryName = '$E/runc'|" \
+    -e "s|            Root = ''|            Root = '$d/runc'|" \
+    -e "s|socket_dir = ''|socket_dir = '$d/s'|" \
+    -e "s|snapshotter = 'overlayfs'|snapshotter = 'native'|" \
+    -e "s|restrict_oom_score_adj = false|restrict_oom_score_adj = true|" \
+    -e "s|sandbox = '.*'|sandbox = 'localhost/pause:test'|" >"$d/config.toml"
+}
+start() {
+  local d=$1
+  CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$E/containerd" --config "$d/config.toml" >"$d/log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do "$E/ctr" --address "$d/containerd.sock" version >/dev/null 2>&1 && return; sleep 0.2; done
+  cat "$d/log" >&2; exit 1
+}
+A=$S/cA B=$S/cB
+config "$A"; config "$B"
+"$BIN_DIR/gpufence" runtime configure --runtime containerd --config "$A/config.toml" >/dev/null
+start "$A"; start "$B"
+"$BIN_DIR/gpufence" nri --socket "$B/nri.sock" >"$S/nri.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do grep -q 'gpufence' "$B/log" 2>/dev/null && grep -qi 'plugin.*gpufence\|gpufence.*regist' "$B/log" && break; sleep 0.2; done
+
+# Image: static busybox as localhost/pause:test (also the sandbox image), in both.
+L=$S/img UB=$S/img-bundle
+umoci init --layout "$L" >/dev/null; umoci new --image "$L:test" >/dev/null
+umoci unpack --image "$L:test" "$UB" >/dev/null
+mkdir -p "$UB/rootfs/bin"; cp /bin/busybox "$UB/rootfs/bin/"
+for c in sh sleep true; do ln -sf busybox "$UB/rootfs/bin/$c"; done
+umoci repack --image "$L:test" "$UB" >/dev/null
+umoci config --image "$L:test" --config.entrypoint /bin/sleep --config.cmd 2147483647 --config.env PATH=/bin >/dev/null
+tar -C "$L" -cf "$S/pause.tar" .
+for d in "$A" "$B"; do
+  "$E/ctr" --address "$d/containerd.sock" -n k8s.io images import --base-name localhost/pause --snapshotter native "$S/pause.tar" >/dev/null
+done
+
+GPU='{"gpufence.dev/devices": "1", "gpufence.dev/memory": "1Gi"}'
+echo "appliers bench: pod start through containerd $("$E/containerd" --version | awk '{print $3}') + $("$E/runc" --version | head -1), $RUNS interleaved pods per arm ($BIN_DIR)"
+"$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
+  "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
+  "nri (no GPU):runc@$B/containerd.sock"
+echo "create path alone (gpufence nri's decision per container, from its log):"
+grep -o 'decided in [0-9.]* ms' "$S/nri.log" | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  median %.2f ms over %d decisions\n", a[int((NR+1)/2)], NR; else print "  (no timing lines in the plugin log)"}'
+echo "gpufence processes per NRI container: $(grep -c 'update-ldcache' "$S/gpufence.log" 2>/dev/null || echo 0) ld-cache hook runs logged"
