@@ -128,6 +128,7 @@ impl Handler for PlanHandler {
         let t = std::time::Instant::now();
         match self.decide(pod, ctr) {
             Ok(adjustment) => {
+                let decision_us = t.elapsed().as_micros() as u64;
                 let untouched = adjustment == ContainerAdjustment::default();
                 tracing::info!(
                     container = %ctr.id,
@@ -137,8 +138,9 @@ impl Handler for PlanHandler {
                     devices = adjustment.linux.as_ref().map_or(0, |l| l.devices.len()),
                     mounts = adjustment.mounts.len(),
                     env = adjustment.env.len(),
-                    decision_us = t.elapsed().as_micros() as u64,
-                    "NRI: adjustment"
+                    decision_us,
+                    "NRI: adjustment decided in {:.3} ms",
+                    decision_us as f64 / 1000.0
                 );
                 Ok(adjustment)
             }

@@ -269,6 +269,45 @@ mod tests {
         assert_eq!(i.annotations[CONTAINERD_POD_UID], "uid-1");
     }
 
+    proptest::proptest! {
+        /// Any pod and container NRI may send: never a panic; a pod annotation reaches the
+        /// request only when allow-listed; the identity is NRI's or the container is refused.
+        #[test]
+        fn any_request_is_read_or_refused_never_forged(
+            pod_ann in proptest::collection::btree_map("[a-zA-Z0-9./_*-]{0,24}", ".{0,12}", 0..8),
+            ctr_ann in proptest::collection::btree_map("[a-zA-Z0-9./_-]{0,24}", ".{0,12}", 0..4),
+            uid in "[a-z0-9-]{0,8}",
+            name in "[a-z0-9-]{0,8}",
+            env in proptest::collection::vec(".{0,16}", 0..6),
+        ) {
+            let p = PodSandbox { uid: uid.clone(), annotations: pod_ann.clone(), ..Default::default() };
+            let c = Container { name: name.clone(), annotations: ctr_ann.clone(), env: env.clone(), ..Default::default() };
+            if let Ok(i) = inputs(&p, &c) {
+                for k in i.annotations.keys() {
+                    let from_nri = [CONTAINERD_POD_UID, CONTAINERD_CONTAINER_NAME].contains(&k.as_str())
+                        || NAMESPACE_KEYS.contains(&k.as_str()) || POD_NAME_KEYS.contains(&k.as_str());
+                    proptest::prop_assert!(from_nri || ctr_ann.contains_key(k) || pod_key_allowed(k), "{k}");
+                }
+                if let Some(v) = i.annotations.get(CONTAINERD_POD_UID) {
+                    proptest::prop_assert_eq!(v, &uid);
+                }
+                if let Some(v) = i.annotations.get(CONTAINERD_CONTAINER_NAME) {
+                    proptest::prop_assert_eq!(v, &name);
+                }
+                proptest::prop_assert!(i.env.len() <= env.len());
+            }
+        }
+
+        /// A pattern without `*` matches only itself; `p*` matches p followed by no `/`.
+        #[test]
+        fn patterns_are_literal_but_for_the_star(p in "[a-z./]{0,10}", k in "[a-z./]{0,10}") {
+            proptest::prop_assert_eq!(pattern_matches(&p, &k), p == k);
+            let star = format!("{p}*");
+            let expected = k.strip_prefix(p.as_str()).is_some_and(|r| !r.contains('/'));
+            proptest::prop_assert_eq!(pattern_matches(&star, &k), expected);
+        }
+    }
+
     #[test]
     fn user_namespace_from_linux_namespaces() {
         let mut c = ctr(&[]);
