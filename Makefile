@@ -5,45 +5,47 @@
 #   make fuzz   coverage-guided fuzzing (cargo-fuzz) of every untrusted-input parser, FUZZ_SECONDS each
 #   make image  the installer OCI image (umoci, from scratch) in $(IMAGE_DIR)/oci, tagged with the version
 #   make package  the .deb (cargo-deb) and .rpm (cargo-generate-rpm) in target/debian, target/generate-rpm
+# Each target installs only what it needs (scripts/deps.sh lists the sets): the demo neither the
+# test engines nor the packaging tools; `make test` the packaging tools and docker.io only in the
+# set-up of the tests that use them (`make package-deps`, `make docker-deps`).
 
 SHELL := /bin/bash
 CARGO ?= cargo
+# rustup installs into ~/.cargo/bin: later recipes of the same run find cargo there
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 DEMO_DIR ?= /tmp/gpufence-demo
-# Debian packages the build, the demo and the end-to-end tests need.
-APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool docker.io rpm \
-                python3-venv python3-pip iproute2 uidmap binutils
+# The demo runs the debug build (the one `make test` builds too): the release profile's fat LTO
+# and single codegen unit cost minutes on a fresh 2-core machine and change nothing the demo
+# shows. `make demo DEMO_PROFILE=release` runs it on `make build`'s artifacts instead.
+DEMO_PROFILE ?= dev
 PY_VENV := $(CURDIR)/target/venv
+export PY_VENV
 
-.PHONY: all deps rust package-tools build build-debug shim-compat demo test fuzz lint fmt bench clean-demo image package
+.PHONY: all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
+        demo test fuzz lint fmt bench clean-demo image package
 
 all: build
 
-# Install what is missing; idempotent and quiet when everything is there.
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo ">> installing:$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "run as root (apt-get install$$missing)"; exit 1; fi; \
-	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
-	fi
-	@$(MAKE) --no-print-directory rust package-tools
-	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc, prometheus_client' 2>/dev/null; then \
-	  echo ">> python venv for the CRI client and the Prometheus text parser"; mkdir -p target; python3 -m venv $(PY_VENV) && \
-	  $(PY_VENV)/bin/python -m pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf 'prometheus-client>=0.20'; \
-	fi
+# Install what is missing; idempotent and quiet when everything is there (scripts/deps.sh).
+deps: test-deps
+demo-deps rust:
+	@bash scripts/deps.sh demo
+lint-deps:
+	@bash scripts/deps.sh lint
+build-deps:
+	@bash scripts/deps.sh build
+test-deps:
+	@bash scripts/deps.sh test
+# rpm, cargo-deb and cargo-generate-rpm (make package; tests/deploy_package.rs runs this itself):
+# cargo-deb and cargo-generate-rpm are compiled once into ~/.cargo/bin, which later runs reuse.
+package-deps:
+	@bash scripts/deps.sh package
+# docker.io (tests/deploy_docker.rs runs this itself)
+docker-deps:
+	@bash scripts/deps.sh docker
 
-rust:
-	@command -v $(CARGO) >/dev/null 2>&1 || { \
-	  echo ">> installing the Rust toolchain (rustup)"; \
-	  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal && . $$HOME/.cargo/env; }
-
-# cargo-deb and cargo-generate-rpm (make package; the package test): installed once into
-# ~/.cargo/bin, which later runs (and CI on the same machine) reuse.
-package-tools:
-	@for t in cargo-deb cargo-generate-rpm; do \
-	  command -v $$t >/dev/null 2>&1 || { echo ">> installing $$t"; $(CARGO) install --locked -q $$t; }; done
-
-build: deps
+build: build-deps
 	$(CARGO) build --release --workspace
 	@$(MAKE) --no-print-directory shim-compat
 
@@ -65,7 +67,7 @@ IMAGE_DIR ?= target/image
 image: build
 	bash scripts/image.sh target/release $(IMAGE_DIR)
 
-package: build
+package: build package-deps
 	$(CARGO) deb --no-build
 	$(CARGO) generate-rpm
 	@ls target/debian/*.deb target/generate-rpm/*.rpm
@@ -73,10 +75,16 @@ package: build
 build-debug:
 	$(CARGO) build --workspace
 
-demo: build
-	@bash scripts/demo.sh "$(DEMO_DIR)" target/release
+demo: demo-deps
+ifeq ($(DEMO_PROFILE),release)
+	@$(MAKE) --no-print-directory build
+	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/release
+else
+	$(CARGO) build --workspace
+	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/debug
+endif
 
-test: deps
+test: test-deps
 	$(CARGO) build --workspace --all-targets
 	@mkdir -p target
 	set -o pipefail; $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
@@ -85,10 +93,10 @@ test: deps
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every
 # target in fuzz/ for FUZZ_SECONDS (default 60) on the stable toolchain (RUSTC_BOOTSTRAP=1).
 FUZZ_SECONDS ?= 60
-fuzz: rust
+fuzz: demo-deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
 
-lint:
+lint: lint-deps
 	python3 scripts/layers.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
