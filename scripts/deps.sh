@@ -47,14 +47,14 @@ apt_install() { # [--no-install-recommends] PACKAGE...
 # rustup's installer, fetched from static.rust-lang.org (where sh.rustup.rs points it) and
 # checked against its published sha256; minimal profile: rustc, cargo, rust-std.
 install_rust() {
-  local url tmp
+  local url tmp sum
   url=https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init
   tmp=$(mktemp -d)
-  curl --proto '=https' --tlsv1.2 -sSf -o "$tmp/rustup-init" "$url"
-  echo "$(curl --proto '=https' --tlsv1.2 -sSf "$url.sha256" | cut -d' ' -f1)  $tmp/rustup-init" |
-    sha256sum -c --quiet
+  curl --proto '=https' --tlsv1.2 -sSf -o "$tmp/rustup-init" "$url" || return 1
+  sum=$(curl --proto '=https' --tlsv1.2 -sSf "$url.sha256") || return 1
+  echo "${sum%% *}  $tmp/rustup-init" | sha256sum -c --quiet || return 1
   chmod +x "$tmp/rustup-init"
-  "$tmp/rustup-init" -y -q --profile minimal >/dev/null
+  "$tmp/rustup-init" -y -q --profile minimal >/dev/null || return 1
   rm -rf "$tmp"
 }
 

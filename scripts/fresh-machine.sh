@@ -43,7 +43,13 @@ if [ ! -s "$FRESH_TAR" ]; then
 fi
 mkdir -p "$d"
 tar -C "$d" -xf "$FRESH_TAR"
+# This machine's network set-up: its resolver, and where TLS goes through an inspecting proxy,
+# the local CA certificates that proxy needs (ca-certificates' postinst adds them once apt-get
+# installs it) and pip's pointer to the system bundle.
 cp /etc/resolv.conf "$d/etc/resolv.conf"
+for f in /usr/local/share/ca-certificates/*.crt /etc/pip.conf; do
+  [ -f "$f" ] && { mkdir -p "$d$(dirname "$f")"; cp "$f" "$d$f"; }
+done
 git clone -q "$repo" "$d/root/gpufence"
 
 mount -t proc proc "$d/proc"
