@@ -45,7 +45,11 @@ apt_install() { # [--no-install-recommends] PACKAGE...
 }
 
 # rustup's installer, fetched from static.rust-lang.org (where sh.rustup.rs points it) and
-# checked against its published sha256; minimal profile: rustc, cargo, rust-std.
+# checked against its published sha256; minimal profile: rustc, cargo, rust-std. The toolchain
+# the tree is checked with (`make lint` denies warnings, and a later stable deprecates or lints
+# what this one accepts — 1.99 deprecates AtomicU64::fetch_update); RUST_TOOLCHAIN=stable for
+# the newest.
+RUST_TOOLCHAIN=${RUST_TOOLCHAIN:-1.95.0}
 install_rust() {
   local url tmp sum
   url=https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init
@@ -54,7 +58,7 @@ install_rust() {
   sum=$(curl --proto '=https' --tlsv1.2 -sSf "$url.sha256") || return 1
   echo "${sum%% *}  $tmp/rustup-init" | sha256sum -c --quiet || return 1
   chmod +x "$tmp/rustup-init"
-  "$tmp/rustup-init" -y -q --profile minimal >/dev/null || return 1
+  "$tmp/rustup-init" -y -q --profile minimal --default-toolchain "$RUST_TOOLCHAIN" >/dev/null || return 1
   rm -rf "$tmp"
 }
 
@@ -68,7 +72,7 @@ demo() {
     apt_install --no-install-recommends "${missing[@]}"
     return 0
   fi
-  echo ">> installing the Rust toolchain (rustup, minimal profile) and the crates${missing:+, beside apt-get: ${missing[*]}}"
+  echo ">> installing the Rust toolchain ($RUST_TOOLCHAIN, rustup, minimal profile) and the crates${missing:+, beside apt-get: ${missing[*]}}"
   # rustup needs curl and CA certificates before anything else
   apt_install --no-install-recommends $(missing_apt curl ca-certificates)
   local log=target/deps-rust.log pid
