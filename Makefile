@@ -75,11 +75,15 @@ package: build package-deps
 build-debug:
 	$(CARGO) build --workspace
 
-demo: demo-deps
+# On a fresh machine deps.sh starts the debug build as soon as the compiler is in, while apt-get
+# still installs podman and the rest; the `cargo build` after it then only checks.
+demo:
 ifeq ($(DEMO_PROFILE),release)
+	@bash scripts/deps.sh demo
 	@$(MAKE) --no-print-directory build
 	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/release
 else
+	@bash scripts/deps.sh demo --build
 	$(CARGO) build --workspace
 	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/debug
 endif

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what one make target needs and is missing, on Debian 12 / Ubuntu (as root); quiet
 # when everything is there. Each target pays only for its own tools:
-#   deps.sh demo     make demo: the containers it runs (runc, podman, busybox), gcc (links Rust and
-#                    the demo's CUDA client), python3, the Rust toolchain
+#   deps.sh demo [--build]  make demo: the containers it runs (runc, podman, busybox), gcc (links
+#                    Rust and the demo's CUDA client), python3, the Rust toolchain; --build: and
+#                    the debug build, started while apt-get still installs (make demo)
 #   deps.sh lint     demo's set + rustfmt and clippy
 #   deps.sh build    demo's set + the venv with cargo-zigbuild/zig (make build's glibc-2.17 shim)
 #   deps.sh test     demo's set + the engines and tools of the end-to-end tests + the venv with
@@ -10,11 +11,13 @@
 #   deps.sh package  rpm, cargo-deb, cargo-generate-rpm: make package, and the packaging test,
 #                    which runs this itself (`make package-deps`) when they are missing
 #   deps.sh docker   docker.io: the docker test runs this itself (`make docker-deps`)
-# On a fresh machine rustup and `cargo fetch` run beside apt-get, not after it.
+# On a fresh machine rustup, `cargo fetch` (and for make demo the build) run beside apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEMO_APT=(ca-certificates curl gcc libc6-dev python3 runc podman busybox-static)
+# the demo's: to build (curl for rustup; gcc links Rust and the demo's CUDA client), to run
+DEMO_TOOLS_APT=(ca-certificates curl gcc libc6-dev)
+DEMO_RUN_APT=(python3 runc podman busybox-static)
 BUILD_APT=(python3-venv python3-pip binutils)
 TEST_APT=(containerd umoci skopeo bpftool python3-venv python3-pip iproute2 uidmap binutils)
 PACKAGE_APT=(rpm)
@@ -62,26 +65,54 @@ install_rust() {
   rm -rf "$tmp"
 }
 
-# The demo's set: apt packages and, when cargo is missing, the toolchain and the crates
-# (downloaded while apt-get installs).
+# The demo's set. What is missing comes in three strands at once: apt-get installs the
+# compiler first and the container tools after it; beside it rustup installs the toolchain and
+# cargo fetches the crates; with --build (make demo) the debug build starts as soon as the
+# compiler is in, while podman and the rest are still unpacking.
 demo() {
-  mapfile -t missing < <(missing_apt "${DEMO_APT[@]}")
-  if command -v cargo >/dev/null 2>&1; then
-    [ ${#missing[@]} -eq 0 ] && return 0
-    echo ">> installing: ${missing[*]}"
-    apt_install --no-install-recommends "${missing[@]}"
+  local build=${1:-} tools run
+  mapfile -t tools < <(missing_apt "${DEMO_TOOLS_APT[@]}")
+  mapfile -t run < <(missing_apt "${DEMO_RUN_APT[@]}")
+  local have_cargo=1 overlap=1 rust_msg=
+  command -v cargo >/dev/null 2>&1 || { have_cargo=; rust_msg=" the Rust toolchain ($RUST_TOOLCHAIN, rustup),"; }
+  [ ${#tools[@]} -gt 0 ] || [ ${#run[@]} -gt 0 ] || overlap=
+  [ -z "$have_cargo" ] || [ -n "$build" ] || overlap=
+  if [ -z "$overlap" ]; then
+    # nothing to overlap: install what is missing, in order
+    [ ${#tools[@]} -eq 0 ] && [ ${#run[@]} -eq 0 ] || echo ">> installing: ${tools[*]} ${run[*]}"
+    apt_install --no-install-recommends "${tools[@]}" "${run[@]}"
+    [ -n "$have_cargo" ] || { echo ">> installing the Rust toolchain ($RUST_TOOLCHAIN, rustup)"; install_rust || exit 1; }
     return 0
   fi
-  echo ">> installing the Rust toolchain ($RUST_TOOLCHAIN, rustup, minimal profile) and the crates${missing:+, beside apt-get: ${missing[*]}}"
+  echo ">> installing${tools[*]:+ ${tools[*]}}${run[*]:+ ${run[*]}}, beside them${rust_msg} the crates${build:+ and the debug build}"
   # rustup needs curl and CA certificates before anything else
   apt_install --no-install-recommends $(missing_apt curl ca-certificates)
-  local log=target/deps-rust.log pid
+  local log=target/deps-rust.log ready pid t0=$SECONDS t_tools t_apt
   mkdir -p target
-  ( install_rust && cargo fetch --locked -q ) >"$log" 2>&1 &
+  ready=$(mktemp -u /tmp/gpufence-deps.XXXXXX)
+  (
+    [ -n "$have_cargo" ] || install_rust || exit 1
+    echo "toolchain $((SECONDS - t0))"
+    cargo fetch --locked -q || exit 1
+    echo "crates $((SECONDS - t0))"
+    [ -n "$build" ] || exit 0
+    while [ ! -e "$ready" ]; do sleep 0.5; done # the compiler (cc links Rust)
+    cargo build --workspace || exit 1
+    echo "build $((SECONDS - t0))"
+  ) >"$log" 2>&1 &
   pid=$!
-  mapfile -t missing < <(missing_apt "${DEMO_APT[@]}")
-  apt_install --no-install-recommends "${missing[@]}" || { kill "$pid" 2>/dev/null; exit 1; }
-  wait "$pid" || { echo "Rust toolchain / cargo fetch failed:" >&2; cat "$log" >&2; exit 1; }
+  trap 'kill $pid 2>/dev/null; rm -f "$ready"' EXIT
+  apt_install --no-install-recommends "${tools[@]}"
+  t_tools=$((SECONDS - t0))
+  touch "$ready"
+  apt_install --no-install-recommends "${run[@]}"
+  t_apt=$((SECONDS - t0))
+  wait "$pid" || { echo "Rust toolchain / crates / build failed ($log):" >&2; tail -40 "$log" >&2; exit 1; }
+  trap - EXIT
+  rm -f "$ready"
+  # where a fresh machine's minutes go (the README's newcomer figures)
+  echo ">> apt-get: compiler by ${t_tools} s, the rest by ${t_apt} s; beside it the toolchain by" \
+    "$(sed -n 's/^toolchain //p' "$log") s, the crates by $(sed -n 's/^crates //p' "$log") s${build:+, the build by $(sed -n 's/^build //p' "$log") s}"
 }
 
 venv() { # PIP_PACKAGE...
@@ -90,7 +121,7 @@ venv() { # PIP_PACKAGE...
 }
 
 case "${1:?usage: deps.sh demo|lint|build|test|package|docker}" in
-  demo) demo ;;
+  demo) demo "${2:-}" ;;
   lint)
     demo
     for c in rustfmt clippy; do
