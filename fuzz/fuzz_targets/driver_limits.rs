@@ -3,8 +3,8 @@
 //! `/proc/<pid>/cgroup`, and the hook's `--limit <uuid>=<bytes>` arguments.
 #![no_main]
 
-use gpufence::inventory::limits::cgroup::{expected_path, v2_member};
 use gpufence::backend::parse_limit;
+use gpufence::inventory::limits::cgroup::{expected_path, v2_member};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
