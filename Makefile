@@ -65,6 +65,7 @@ shim-compat:
 # docker://REGISTRY/gpufence:<version> (the tag packaging/k8s/kustomization.yaml names).
 IMAGE_DIR ?= target/image
 image: build
+	@bash scripts/deps.sh image
 	bash scripts/image.sh target/release $(IMAGE_DIR)
 
 package: build package-deps
@@ -110,7 +111,8 @@ fmt:
 	$(CARGO) fmt --all
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml
 
-bench: build
+# the benches drive containerd through CRI (the tests' engines and venv) on the release build
+bench: test-deps build
 	@for b in benches/*.sh; do echo ">> $$b"; bash $$b; done
 
 clean-demo:

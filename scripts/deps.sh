@@ -8,6 +8,7 @@
 #   deps.sh build    demo's set + the venv with cargo-zigbuild/zig (make build's glibc-2.17 shim)
 #   deps.sh test     demo's set + the engines and tools of the end-to-end tests + the venv with
 #                    the CRI client and the Prometheus parser
+#   deps.sh image    umoci (make image; the build set comes with make build)
 #   deps.sh package  rpm, cargo-deb, cargo-generate-rpm: make package, and the packaging test,
 #                    which runs this itself (`make package-deps`) when they are missing
 #   deps.sh docker   docker.io: the docker test runs this itself (`make docker-deps`)
@@ -20,6 +21,7 @@ DEMO_TOOLS_APT=(ca-certificates curl gcc libc6-dev)
 DEMO_RUN_APT=(python3 runc podman busybox-static)
 BUILD_APT=(python3-venv python3-pip binutils)
 TEST_APT=(containerd umoci skopeo bpftool python3-venv python3-pip iproute2 uidmap binutils)
+IMAGE_APT=(umoci binutils)
 PACKAGE_APT=(rpm)
 DOCKER_APT=(docker.io)
 PACKAGE_CRATES=(cargo-deb cargo-generate-rpm)
@@ -120,7 +122,7 @@ venv() { # PIP_PACKAGE...
   "$PY_VENV/bin/python" -m pip install -q "$@"
 }
 
-case "${1:?usage: deps.sh demo|lint|build|test|package|docker}" in
+case "${1:?usage: deps.sh demo|lint|build|test|image|package|docker}" in
   demo) demo "${2:-}" ;;
   lint)
     demo
@@ -143,6 +145,10 @@ case "${1:?usage: deps.sh demo|lint|build|test|package|docker}" in
       echo ">> python venv for the CRI client and the Prometheus text parser"
       venv 'container-runtime-interface-api==2.0.1' grpcio protobuf 'prometheus-client>=0.20'
     fi
+    ;;
+  image)
+    mapfile -t missing < <(missing_apt "${IMAGE_APT[@]}")
+    [ ${#missing[@]} -eq 0 ] || { echo ">> installing: ${missing[*]}"; apt_install "${missing[@]}"; }
     ;;
   package)
     mapfile -t missing < <(missing_apt "${PACKAGE_APT[@]}")
