@@ -5,45 +5,47 @@
 #   make fuzz   coverage-guided fuzzing (cargo-fuzz) of every untrusted-input parser, FUZZ_SECONDS each
 #   make image  the installer OCI image (umoci, from scratch) in $(IMAGE_DIR)/oci, tagged with the version
 #   make package  the .deb (cargo-deb) and .rpm (cargo-generate-rpm) in target/debian, target/generate-rpm
+# Each target installs only what it needs (scripts/deps.sh lists the sets): the demo neither the
+# test engines nor the packaging tools; `make test` the packaging tools and docker.io only in the
+# set-up of the tests that use them (`make package-deps`, `make docker-deps`).
 
 SHELL := /bin/bash
 CARGO ?= cargo
+# rustup installs into ~/.cargo/bin: later recipes of the same run find cargo there
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 DEMO_DIR ?= /tmp/gpufence-demo
-# Debian packages the build, the demo and the end-to-end tests need.
-APT_PACKAGES := runc podman containerd busybox-static gcc libc6-dev make umoci skopeo bpftool docker.io rpm \
-                python3-venv python3-pip iproute2 uidmap binutils
+# The demo runs the debug build (the one `make test` builds too): the release profile's fat LTO
+# and single codegen unit cost minutes on a fresh 2-core machine and change nothing the demo
+# shows. `make demo DEMO_PROFILE=release` runs it on `make build`'s artifacts instead.
+DEMO_PROFILE ?= dev
 PY_VENV := $(CURDIR)/target/venv
+export PY_VENV
 
-.PHONY: engines all deps rust package-tools build build-debug shim-compat demo test fuzz lint fmt bench clean-demo image package
+.PHONY: engines all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
+        demo test fuzz lint fmt bench clean-demo image package
 
 all: build
 
-# Install what is missing; idempotent and quiet when everything is there.
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo ">> installing:$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "run as root (apt-get install$$missing)"; exit 1; fi; \
-	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
-	fi
-	@$(MAKE) --no-print-directory rust package-tools
-	@if [ ! -x $(PY_VENV)/bin/python ] || ! $(PY_VENV)/bin/python -c 'import cri_api, grpc, prometheus_client' 2>/dev/null; then \
-	  echo ">> python venv for the CRI client and the Prometheus text parser"; mkdir -p target; python3 -m venv $(PY_VENV) && \
-	  $(PY_VENV)/bin/python -m pip install -q 'container-runtime-interface-api==2.0.1' grpcio protobuf 'prometheus-client>=0.20'; \
-	fi
+# Install what is missing; idempotent and quiet when everything is there (scripts/deps.sh).
+deps: test-deps
+demo-deps rust:
+	@bash scripts/deps.sh demo
+lint-deps:
+	@bash scripts/deps.sh lint
+build-deps:
+	@bash scripts/deps.sh build
+test-deps:
+	@bash scripts/deps.sh test
+# rpm, cargo-deb and cargo-generate-rpm (make package; tests/deploy_package.rs runs this itself):
+# cargo-deb and cargo-generate-rpm are compiled once into ~/.cargo/bin, which later runs reuse.
+package-deps:
+	@bash scripts/deps.sh package
+# docker.io (tests/deploy_docker.rs runs this itself)
+docker-deps:
+	@bash scripts/deps.sh docker
 
-rust:
-	@command -v $(CARGO) >/dev/null 2>&1 || { \
-	  echo ">> installing the Rust toolchain (rustup)"; \
-	  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal && . $$HOME/.cargo/env; }
-
-# cargo-deb and cargo-generate-rpm (make package; the package test): installed once into
-# ~/.cargo/bin, which later runs (and CI on the same machine) reuse.
-package-tools:
-	@for t in cargo-deb cargo-generate-rpm; do \
-	  command -v $$t >/dev/null 2>&1 || { echo ">> installing $$t"; $(CARGO) install --locked -q $$t; }; done
-
-build: deps
+build: build-deps
 	$(CARGO) build --release --workspace
 	@$(MAKE) --no-print-directory shim-compat
 
@@ -63,9 +65,10 @@ shim-compat:
 # docker://REGISTRY/gpufence:<version> (the tag packaging/k8s/kustomization.yaml names).
 IMAGE_DIR ?= target/image
 image: build
+	@bash scripts/deps.sh image
 	bash scripts/image.sh target/release $(IMAGE_DIR)
 
-package: build
+package: build package-deps
 	$(CARGO) deb --no-build
 	$(CARGO) generate-rpm
 	@ls target/debian/*.deb target/generate-rpm/*.rpm
@@ -73,8 +76,18 @@ package: build
 build-debug:
 	$(CARGO) build --workspace
 
-demo: build
-	@bash scripts/demo.sh "$(DEMO_DIR)" target/release
+# On a fresh machine deps.sh starts the debug build as soon as the compiler is in, while apt-get
+# still installs podman and the rest; the `cargo build` after it then only checks.
+demo:
+ifeq ($(DEMO_PROFILE),release)
+	@bash scripts/deps.sh demo
+	@$(MAKE) --no-print-directory build
+	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/release
+else
+	@bash scripts/deps.sh demo --build
+	$(CARGO) build --workspace
+	@bash scripts/demo.sh "$(DEMO_DIR)" $(TARGET_DIR)/debug
+endif
 
 # Container engines without known escapes for the end-to-end tests (runc 1.5.1, containerd 2.3.4):
 # the project's shared build beside the checkout where present, else fetched into target/engines
@@ -86,20 +99,20 @@ export ENGINES_DIR
 engines:
 	@bash scripts/engines.sh "$(ENGINES_DIR)" >/dev/null
 
-test: deps engines
+test: test-deps engines
 	$(CARGO) build --workspace --all-targets
 	@mkdir -p target
 	@echo ">> end-to-end tests on $$($(ENGINES_DIR)/runc --version | head -1), $$($(ENGINES_DIR)/containerd --version | cut -d' ' -f3) ($(ENGINES_DIR))"
-	set -o pipefail; PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --workspace -- --test-threads=2 2>&1 | tee target/test.log
+	set -o pipefail; PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
 
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every
 # target in fuzz/ for FUZZ_SECONDS (default 60) on the stable toolchain (RUSTC_BOOTSTRAP=1).
 FUZZ_SECONDS ?= 60
-fuzz: rust
+fuzz: demo-deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
 
-lint:
+lint: lint-deps
 	python3 scripts/layers.py
 	python3 scripts/fn_length.py
 	$(CARGO) fmt --all -- --check
@@ -110,7 +123,8 @@ fmt:
 	$(CARGO) fmt --all
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml
 
-bench: build
+# the benches drive containerd through CRI (the tests' engines and venv) on the release build
+bench: test-deps build
 	@for b in benches/*.sh; do echo ">> $$b"; bash $$b; done
 
 clean-demo:

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:-target/release}
 OUT=${2:-target/image}
 for t in umoci objdump ldd; do
-  command -v "$t" >/dev/null || { echo "image: $t missing (make deps)" >&2; exit 1; }
+  command -v "$t" >/dev/null || { echo "image: $t missing (make image installs it)" >&2; exit 1; }
 done
 for f in gpufence gpufence-runtime libgpufence.so; do
   [ -f "$BIN/$f" ] || { echo "image: $BIN/$f missing (make build)" >&2; exit 1; }

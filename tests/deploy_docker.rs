@@ -79,7 +79,9 @@ fn start(s: &Path, config: &Path, gpufence_config: &Path) -> Dockerd {
 
 #[test]
 fn docker_20_10_runtime_grants_a_gpu_from_trusted_env_only() {
-    if common::skip_unless(&["dockerd", "docker", "runc", "tar"]) {
+    let tools = ["dockerd", "docker", "runc", "tar"];
+    common::install_with_make("docker-deps", "docker test", &tools);
+    if common::skip_unless(&tools) {
         return;
     }
     let s = common::scratch("deploy-docker");

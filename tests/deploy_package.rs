@@ -116,7 +116,9 @@ const EXPECTED: &[&str] = &[
 
 #[test]
 fn deb_installs_upgrades_and_purges_in_a_clean_root_and_rpm_lists_the_same_files() {
-    if common::skip_unless(&["dpkg", "rpm", "cargo-deb", "cargo-generate-rpm", "ldd"]) {
+    let tools = ["dpkg", "rpm", "cargo-deb", "cargo-generate-rpm", "ldd"];
+    common::install_with_make("package-deps", "packaging test", &tools);
+    if common::skip_unless(&tools) {
         return;
     }
     let s = common::scratch("deploy-package");

@@ -90,6 +90,27 @@ pub fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Installs tools `make test` leaves out of its up-front set-up because one test alone uses
+/// them and they are slow to get (`make package-deps` compiles cargo-deb and cargo-generate-rpm):
+/// as root, when any of `tools` is missing, runs `make TARGET` in the repository with `who` in its
+/// `>> WHO: installing …` line. Its output goes straight to the terminal, past libtest's capture,
+/// so a run shows where its time went. What still misses afterwards is `skip_unless`'s to
+/// report (a failure under CI).
+pub fn install_with_make(target: &str, who: &str, tools: &[&str]) {
+    if !is_root() || tools.iter().all(|t| have(t)) {
+        return;
+    }
+    let status = Command::new("make")
+        .args(["-s", "--no-print-directory", target])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DEPS_FOR", who)
+        .stdin(std::process::Stdio::null())
+        .status();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        eprintln!("{who}: make {target}: {status:?}");
+    }
+}
+
 /// Skip (return true) unless root and all tools are present. Under CI (`CI=true`) a missing
 /// prerequisite is a failure, not a skip, so a green CI always means the e2e tests ran.
 pub fn skip_unless(tools: &[&str]) -> bool {
