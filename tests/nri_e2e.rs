@@ -990,3 +990,111 @@ fn nri_mode_configuration_loads_in_containerd_2_3() {
     assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
     assert!(!cdir.join("conf.d/gpufence-nri.toml").exists());
 }
+
+/// The same CRI cases through the `gpufence` runtime handler on containerd 2.3.4 (no NRI plugin):
+/// its drop-in written by `gpufence runtime configure` into 2.3's version-4 configuration and
+/// loaded by the real containerd; kubelet's record grants GPU 1 → exactly GPU 1 with the quota;
+/// a forged annotation is refused with the one line; a pod without GPU runs untouched; the
+/// container state is gone after removal.
+#[test]
+fn runtime_handler_on_containerd_2_3() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let s = common::scratch("cri23-handler");
+    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    checkpoint_granting_gpu1(&checkpoint, &["gpu-pod"]);
+    let node = runtime_support::node(
+        &s,
+        2,
+        &[(
+            "kubelet.checkpoint",
+            toml_edit::value(checkpoint.display().to_string()),
+        )],
+    );
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &[]);
+    let (code, out, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .env("GPUFENCE_CONFIG", &node.config)
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
+            .arg(&config)
+            .arg("--record-dir")
+            .arg(s.join("records")),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    // containerd hands its env to the shims, the shim to gpufence-runtime: gpufence's config.
+    let log = cdir.join("containerd.log");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let child = Command::new(bin.join("containerd"))
+        .arg("--config")
+        .arg(&config)
+        .env("PATH", path)
+        .env("GPUFENCE_CONFIG", &node.config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let c = Containerd::started_with(child, cdir.join("containerd.sock"), &log, bin.join("ctr"));
+    cri_support::import_image(&s, &c);
+    let handler = |mut req: serde_json::Value| {
+        req["handler"] = "gpufence".into();
+        req
+    };
+    let probe = runtime_support::PROBE;
+
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "gpu-pod",
+        probe,
+        handler(gpu1_request("4Gi", "localhost/pause:test")),
+    );
+    assert_eq!(r["runtime"], "containerd v2.3.4", "{r}");
+    assert_fenced_to_gpu1(&r, 4 << 30);
+
+    let forged = serde_json::json!({"pod_annotations": {"gpufence.dev/devices": "all"}});
+    let r = pod(&py, &c, &s, "forged-pod", probe, handler(forged));
+    assert_ne!(r["stage"], "done", "{r}");
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("gpufence.dev/devices") && e.contains("kubelet"),
+        "{r}"
+    );
+
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "plain-pod",
+        probe,
+        handler(serde_json::json!({})),
+    );
+    assert_eq!(r["stage"], "done", "{r}");
+    let f = runtime_support::facts(r["log"].as_str().unwrap());
+    assert_eq!(
+        (f["gpu0"].as_str(), f["gpu1"].as_str()),
+        ("ABSENT", "ABSENT"),
+        "{r}"
+    );
+    assert_eq!(f["ctl"], "ABSENT", "{r}");
+
+    drop(c);
+    assert!(
+        state_dirs(&node.state_dir).is_empty(),
+        "{:?}",
+        state_dirs(&node.state_dir)
+    );
+}
