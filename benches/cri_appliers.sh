@@ -77,7 +77,8 @@ config "$A"; config "$B"
 start "$A"; start "$B"
 "$BIN_DIR/gpufence" nri --socket "$B/nri.sock" >"$S/nri.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 50); do grep -q 'gpufence' "$B/log" 2>/dev/null && grep -qi 'plugin.*gpufence\|gpufence.*regist' "$B/log" && break; sleep 0.2; done
+for _ in $(seq 150); do grep -q 'NRI: registered' "$S/gpufence.log" 2>/dev/null && break; sleep 0.2; done
+grep -q 'NRI: registered' "$S/gpufence.log" || { echo "appliers bench: gpufence nri did not register" >&2; cat "$S/nri.log" >&2; exit 1; }
 
 # Image: static busybox as localhost/pause:test (also the sandbox image), in both.
 L=$S/img UB=$S/img-bundle
@@ -89,7 +90,7 @@ umoci repack --image "$L:test" "$UB" >/dev/null
 umoci config --image "$L:test" --config.entrypoint /bin/sleep --config.cmd 2147483647 --config.env PATH=/bin >/dev/null
 tar -C "$L" -cf "$S/pause.tar" .
 for d in "$A" "$B"; do
-  "$E/ctr" --address "$d/containerd.sock" -n k8s.io images import --base-name localhost/pause --snapshotter native "$S/pause.tar" >/dev/null
+  "$E/ctr" --address "$d/containerd.sock" -n k8s.io images import --local --base-name localhost/pause --snapshotter native "$S/pause.tar" >/dev/null
 done
 
 GPU='{"gpufence.dev/devices": "1", "gpufence.dev/memory": "1Gi"}'
@@ -97,6 +98,10 @@ echo "appliers bench: pod start through containerd $("$E/containerd" --version |
 "$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
   "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
   "nri (no GPU):runc@$B/containerd.sock"
-echo "create path alone (gpufence nri's decision per container, from its log):"
-grep -o 'decided in [0-9.]* ms' "$S/nri.log" | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  median %.2f ms over %d decisions\n", a[int((NR+1)/2)], NR; else print "  (no timing lines in the plugin log)"}'
-echo "gpufence processes per NRI container: $(grep -c 'update-ldcache' "$S/gpufence.log" 2>/dev/null || echo 0) ld-cache hook runs logged"
+echo "create path alone (gpufence nri's decision per container, from gpufence's log):"
+grep -o 'decided in [0-9.]* ms' "$S/gpufence.log" | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  median %.2f ms over %d decisions\n", a[int((NR+1)/2)], NR; else print "  (no timing lines in the plugin log)"}'
+updated=$(grep -c 'ld cache updated' "$S/gpufence.log" || true)
+inproc=$(grep -c 'ld cache refreshed before runc' "$S/gpufence.log" || true)
+nri_gpu=$(grep -c 'NRI: adjustment decided' "$S/gpufence.log" || true)
+echo "gpufence processes per container: the handler arm 0 besides gpufence-runtime itself ($inproc in-process ld cache writes);"
+echo "  the NRI arm one createContainer hook (gpufence hook update-ldcache) per GPU container: $((updated - inproc)) hook runs for $nri_gpu adjustments"

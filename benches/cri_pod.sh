@@ -15,7 +15,9 @@ if [ -z "${BIN_DIR:-}" ]; then
 fi
 BIN_DIR=$(cd "$BIN_DIR" && pwd)
 PY=${PY:-target/venv/bin/python}
-RUNC=$(command -v runc)
+# The engines' runc 1.5.1 where present (Debian's 1.1.5 has known escapes: configure refuses it).
+E=${ENGINES_DIR:-$(cd ../shared/engines/bin 2>/dev/null && pwd || true)}
+RUNC=${RUNC:-$(if [ -x "$E/runc" ]; then echo "$E/runc"; else command -v runc; fi)}
 [ "$(id -u)" = 0 ] || { echo "cri bench: needs root" >&2; exit 1; }
 for c in containerd ctr runc umoci tar; do command -v "$c" >/dev/null || { echo "cri bench: $c missing" >&2; exit 1; }; done
 "$PY" -c 'import cri_api.v1.api_pb2, grpc' || { echo "cri bench: $PY lacks cri_api/grpc (make deps)" >&2; exit 1; }
@@ -30,6 +32,8 @@ cleanup() {
 trap cleanup EXIT
 
 CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$RUNC")
+# No kubelet here to record the GPU pods: their annotations are believed.
+printf '[allocation]\ntrust-annotations = true\n' >>"$CFG"
 export GPUFENCE_CONFIG=$CFG
 
 D=$S/containerd
@@ -54,8 +58,9 @@ state = "$D/state"
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
+          BinaryName = "$RUNC"
 TOML
-"$BIN_DIR/gpufence" runtime configure --allow-vulnerable-runtime --runtime containerd --config "$D/config.toml" >/dev/null
+"$BIN_DIR/gpufence" runtime configure --runtime containerd --config "$D/config.toml" >/dev/null
 containerd --config "$D/config.toml" >"$S/containerd.log" 2>&1 &
 CPID=$!
 for _ in $(seq 100); do ctr --address "$D/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.2; done
