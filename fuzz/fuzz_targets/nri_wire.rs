@@ -1,7 +1,7 @@
 //! What a runtime (and through it a pod) can put on `gpufence nri`'s socket: mux frames carrying
 //! ttrpc messages carrying NRI requests. Read as the plugin's reader does — frames (bounded),
 //! reassembled per connection, requests decoded and served by the Plugin service with a
-//! handler that renders the container's spec view: no panic, no answer over ttrpc's limit, a
+//! handler that builds the request as `gpufence nri` does (`nri::request::inputs`): no panic, no answer over ttrpc's limit, a
 //! decoder never holding more than one message.
 #![no_main]
 
@@ -12,18 +12,18 @@ use prost::Message as _;
 
 use gpufence::nri::api::{self, ttrpc as pb};
 use gpufence::nri::service::{PLUGIN_SERVICE, Service};
-use gpufence::nri::{Gone, Handler, handler, mux, ttrpc};
+use gpufence::nri::{Gone, Handler, mux, request, ttrpc};
 
-struct SpecView;
+struct Requests;
 
-impl Handler for SpecView {
+impl Handler for Requests {
     fn create_container(
         &self,
         pod: &api::PodSandbox,
         ctr: &api::Container,
     ) -> Result<api::ContainerAdjustment, String> {
-        let spec = handler::spec_view(pod, ctr);
-        if spec["annotations"].as_object().is_some_and(|a| a.len() % 2 == 1) {
+        let req = request::inputs(pod, ctr).map_err(|e| e.to_string())?;
+        if req.annotations.len() % 2 == 1 {
             return Err(format!("container {}: odd\nreason", ctr.id));
         }
         Ok(api::ContainerAdjustment::default())
@@ -32,7 +32,7 @@ impl Handler for SpecView {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let service = Service::new(Arc::new(SpecView));
+    let service = Service::new(Arc::new(Requests));
     let mut decoders = [ttrpc::Decoder::default(), ttrpc::Decoder::default()];
     let mut r = data;
     while let Ok(frame) = mux::read_frame(&mut r) {
