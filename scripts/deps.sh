@@ -4,7 +4,7 @@
 #   deps.sh demo [--build]  make demo: the containers it runs (runc, podman, busybox), gcc (links
 #                    Rust and the demo's CUDA client), python3, the Rust toolchain; --build: and
 #                    the debug build, started while apt-get still installs (make demo)
-#   deps.sh lint     demo's set + rustfmt and clippy
+#   deps.sh lint     demo's set + rustfmt and clippy, g++ (libFuzzer, for checking the fuzz targets)
 #   deps.sh build    demo's set + the venv with cargo-zigbuild/zig (make build's glibc-2.17 shim)
 #   deps.sh test     demo's set + the engines and tools of the end-to-end tests + the venv with
 #                    the CRI client and the Prometheus parser
@@ -24,6 +24,7 @@ TEST_APT=(containerd umoci skopeo bpftool python3-venv python3-pip iproute2 uidm
 IMAGE_APT=(umoci binutils)
 PACKAGE_APT=(rpm)
 DOCKER_APT=(docker.io)
+LINT_APT=(g++)
 PACKAGE_CRATES=(cargo-deb cargo-generate-rpm)
 PY_VENV=${PY_VENV:-$PWD/target/venv}
 
@@ -126,6 +127,8 @@ case "${1:?usage: deps.sh demo|lint|build|test|image|package|docker}" in
   demo) demo "${2:-}" ;;
   lint)
     demo
+    mapfile -t missing < <(missing_apt "${LINT_APT[@]}")
+    [ ${#missing[@]} -eq 0 ] || { echo ">> installing: ${missing[*]}"; apt_install "${missing[@]}"; }
     for c in rustfmt clippy; do
       rustup component list --installed 2>/dev/null | grep -q "^$c" ||
         { echo ">> adding $c"; rustup component add "$c" >/dev/null 2>&1; }
