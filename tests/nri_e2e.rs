@@ -193,27 +193,7 @@ fn containerd_config(bin: &Path, dir: &Path, required: &[&str]) -> PathBuf {
 
 /// Start containerd 2.3 on `config` with the engines first on PATH (its shim, the shim's runc).
 fn start_containerd(bin: &Path, dir: &Path, config: &Path) -> Containerd {
-    let log = dir.join("containerd.log");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let child = Command::new(bin.join("containerd"))
-        .arg("--config")
-        .arg(config)
-        .env("PATH", path)
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .unwrap(),
-        )
-        .spawn()
-        .unwrap();
-    Containerd::started(child, dir.join("containerd.sock"), &log)
+    cri_support::start_containerd(Some(bin), config, dir, &[])
 }
 
 /// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
@@ -1031,22 +1011,12 @@ fn runtime_handler_on_containerd_2_3() {
     );
     assert_eq!(code, 0, "{out}{err}");
     // containerd hands its env to the shims, the shim to gpufence-runtime: gpufence's config.
-    let log = cdir.join("containerd.log");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
+    let c = cri_support::start_containerd(
+        Some(&bin),
+        &config,
+        &cdir,
+        &[("GPUFENCE_CONFIG", &node.config)],
     );
-    let child = Command::new(bin.join("containerd"))
-        .arg("--config")
-        .arg(&config)
-        .env("PATH", path)
-        .env("GPUFENCE_CONFIG", &node.config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let c = Containerd::started_with(child, cdir.join("containerd.sock"), &log, bin.join("ctr"));
     cri_support::import_image(&s, &c);
     let handler = |mut req: serde_json::Value| {
         req["handler"] = "gpufence".into();

@@ -48,24 +48,8 @@ fn containerd(s: &Path, config: &Path) -> Containerd {
             .arg(s.join("records")),
     );
     assert_eq!(code, 0, "{out}{err}");
-    let log = std::fs::File::create(cdir.join("containerd.log")).unwrap();
-    let child = Command::new("/usr/bin/containerd")
-        .arg("--config")
-        .arg(&main)
-        .env("GPUFENCE_CONFIG", config)
-        // containerd 1.6 with Debian's shim, whatever PATH the tests run under (the engines'
-        // containerd 2.3 shim first on PATH would not fit); runc is named by BinaryName.
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start containerd");
-    let sock = cdir.join("containerd.sock");
-    let ctr = std::path::PathBuf::from("/usr/bin/ctr");
-    Containerd::started_with(child, sock, &cdir.join("containerd.log"), ctr)
+    // Debian's containerd 1.6 with its own shim; runc is named by BinaryName.
+    cri_support::start_containerd(None, &main, &cdir, &[("GPUFENCE_CONFIG", config)])
 }
 
 /// The checkpoint: 4 GPUs × 4 replicas registered as `nvidia.com/gpu`; `ts-a` and `ts-b` (pod

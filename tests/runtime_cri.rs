@@ -11,26 +11,11 @@ mod common;
 mod cri_support;
 mod runtime_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use cri_support::{Containerd, import_image, import_image_named, operator_config};
 use runtime_support::{PROBE, facts, node};
-
-/// PATH without the engines' directory: containerd 1.6 runs its own (Debian) shim; the runc under
-/// it is the engines' runc 1.5.1 (`BinaryName`, gpufence's `runtime.path`).
-fn system_path() -> String {
-    let engines = common::engines_dir();
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|d| {
-            let d = std::fs::canonicalize(d).unwrap_or_else(|_| PathBuf::from(d));
-            engines.as_deref() != Some(d.as_path())
-        })
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 fn cri(
     py: &Path,
@@ -124,21 +109,9 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
         "{drop_in}"
     );
 
-    // containerd with that configuration; the runtime finds gpufence's config through the env
-    // containerd hands to its shims.
-    let sock = cdir.join("containerd.sock");
-    let log = std::fs::File::create(cdir.join("containerd.log")).unwrap();
-    let child = Command::new("/usr/bin/containerd")
-        .arg("--config")
-        .arg(&main)
-        .env("PATH", system_path())
-        .env("GPUFENCE_CONFIG", &n.config)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start containerd");
-    let log = cdir.join("containerd.log");
-    let c = Containerd::started_with(child, sock, &log, PathBuf::from("/usr/bin/ctr"));
+    // Debian's containerd 1.6 with that configuration; the runtime finds gpufence's config
+    // through the env containerd hands to its shims.
+    let c = cri_support::start_containerd(None, &main, &cdir, &[("GPUFENCE_CONFIG", &n.config)]);
     import_image(&s, &c);
 
     // kubelet's record: the device plugin gave gpu-pod's container GPU 1 (a time-slicing replica

@@ -83,6 +83,53 @@ impl Containerd {
     }
 }
 
+/// A containerd of its own on `config` (socket `dir/containerd.sock`, log `dir/containerd.log`,
+/// appended to across restarts), with `env` added (e.g. `GPUFENCE_CONFIG`, which its shims hand to
+/// gpufence-runtime). `engine`: `Some(dir)` runs that release's containerd and ctr with `dir` first
+/// on PATH (the engines' 2.3: its shim, the shim's runc); `None` runs Debian's containerd 1.6 with
+/// its own shim and ctr, PATH without the engines (runc named by the config's `BinaryName`).
+pub fn start_containerd(
+    engine: Option<&Path>,
+    config: &Path,
+    dir: &Path,
+    env: &[(&str, &Path)],
+) -> Containerd {
+    const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let (containerd, ctr, path) = match engine {
+        Some(bin) => (
+            bin.join("containerd"),
+            bin.join("ctr"),
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        ),
+        None => (
+            PathBuf::from("/usr/bin/containerd"),
+            PathBuf::from("/usr/bin/ctr"),
+            SYSTEM_PATH.to_string(),
+        ),
+    };
+    let log = dir.join("containerd.log");
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let mut cmd = Command::new(&containerd);
+    cmd.arg("--config")
+        .arg(config)
+        .env("PATH", path)
+        .stdout(Stdio::null())
+        .stderr(out);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("start containerd");
+    Containerd::started_with(child, dir.join("containerd.sock"), &log, ctr)
+}
+
 /// The venv's Python with the CRI stubs; `None` (a skip, a failure under CI) without it.
 pub fn python() -> Option<PathBuf> {
     let p = std::env::var_os("GPUFENCE_CRI_PYTHON")
