@@ -527,3 +527,45 @@ proptest! {
         prop_assert_eq!(share(mem, h, of, true).1, None);
     }
 }
+
+/// Attack: kubelet records 1 of 4 replicas of GPU 2 (a MIG-enabled GPU, the plugin's MIG
+/// strategy `none` sharing the whole GPU); the pod's annotation picks one of its MIG devices,
+/// which the GPU's record backs — and the replica share, looked up by the MIG device only, was
+/// not applied: the container got the whole instance with no quota (four holders, four times
+/// over) instead of its quarter.
+#[test]
+fn a_mig_device_of_a_gpu_held_as_replicas_keeps_the_share() {
+    let u = uuid(2);
+    let id = format!("{u}::1");
+    // The plugin's device id backs the GPU (its `cdi-cri` strategy: no env names it).
+    let resp = kubelet::encode_alloc_resp(&[], &[]);
+    let cp = kubelet::checkpoint_json_registered(
+        vec![kubelet::entry(POD, "app", "nvidia.com/gpu", &[&id], resp)],
+        &[("nvidia.com/gpu", registered(&[(&u, 4)]))],
+    );
+    let s = container(
+        POD,
+        "app",
+        "void",
+        &[("gpufence.dev/devices", &mig_uuid(2, 0))],
+    );
+    // A quarter of the instance: four holders of the GPU's replicas never sum above it.
+    let p = plan(&s, &cp, &config()).unwrap();
+    let mig = DeviceRef::Mig { gpu: 2, mig: 0 };
+    assert_eq!(
+        rows(&p),
+        vec![(mig, Some(10 * GIB / 4), None, Some((1, 4)))]
+    );
+    // An annotation may not raise it.
+    let raise = container(
+        POD,
+        "app",
+        "void",
+        &[
+            ("gpufence.dev/devices", &mig_uuid(2, 0)),
+            ("gpufence.dev/memory", "5Gi"),
+        ],
+    );
+    let e = plan(&raise, &cp, &config()).unwrap_err();
+    assert!(e.why.contains("never raise"), "{e}");
+}

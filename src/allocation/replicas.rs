@@ -9,7 +9,8 @@
 //! The share is a ceiling on whatever dialect allocated the device: an annotation
 //! (`gpufence.dev/memory`, `gpufence.dev/cores`, `gpufence.dev/cores-policy: hard`) may lower it,
 //! never raise it — a higher value is refused in one line. A MIG device gets the share of its
-//! own memory and no compute share (MIG isolates compute). Where kubelet is expected but its
+//! own memory and no compute share (MIG isolates compute); so does a MIG device of a GPU held as
+//! replicas (the GPU's record backs it). Where kubelet is expected but its
 //! record cannot be used, a container whose devices the device plugin allocated (the nvidia
 //! dialect: its env or device mounts) is refused: its share cannot be known. (Env-borne ones are
 //! refused before, [`super::kubelet_env::refusal`]; annotation-borne grants are the business of
@@ -139,7 +140,16 @@ pub(super) fn apply(
     pad(memory, devices.len());
     pad(cores, devices.len());
     for (i, r) in devices.iter().enumerate() {
-        let Some((resource, h, of)) = held.iter().find(|(d, ..)| *d == r.device).map(|x| &x.1)
+        // A MIG device of a GPU held as replicas (which backs it) gets r/N of its own memory.
+        let parent = match r.device {
+            DeviceRef::Mig { gpu, .. } => Some(DeviceRef::Gpu { index: gpu }),
+            DeviceRef::Gpu { .. } => None,
+        };
+        let Some((resource, h, of)) = held
+            .iter()
+            .find(|(d, ..)| *d == r.device)
+            .or_else(|| held.iter().find(|(d, ..)| Some(*d) == parent))
+            .map(|x| &x.1)
         else {
             continue;
         };

@@ -423,6 +423,30 @@ mod tests {
         assert_eq!(a.hooks, None);
     }
 
+    /// Attack: a pod volume at `/run/x/../gpufence` (runc resolves `..` inside the rootfs) was
+    /// not taken for a reserved destination: not removed, and NRI's parent-first sort put it
+    /// after gpufence's state tmpfs — the pod's own files in place of the quota.
+    #[test]
+    fn dot_dot_destinations_are_reserved_too() {
+        let sneaky = [
+            "/run/x/../gpufence",
+            "/../run/gpufence/quota",
+            "/etc/./x/../ld.so.preload",
+            "/usr/lib/gpufence/../gpufence/libgpufence.so",
+        ];
+        let a = render(&cfg(), &gpu_plan(), &ctr(&[], &sneaky)).unwrap();
+        for d in sneaky {
+            let removal = format!("{REMOVAL_MARKER}{d}");
+            assert!(
+                a.mounts.iter().any(|m| m.destination == removal),
+                "{d} not removed"
+            );
+        }
+        // `..` above a reserved path leaves it.
+        assert!(!crate::plan::is_reserved_destination("/run/gpufence/.."));
+        assert!(!crate::plan::is_reserved_destination("/run/gpufence/../x"));
+    }
+
     #[test]
     fn hooks_ld_cache_first_then_the_plan_s() {
         let a = render(&cfg(), &gpu_plan(), &ctr(&[], &[])).unwrap();

@@ -357,6 +357,41 @@ mod tests {
         assert!(!dir.path().join("state/c1").exists());
     }
 
+    /// Attack: a CRI container whose annotations carry podman's marker (a pod annotation the
+    /// engine copied into the spec) was taken for a podman container — not CRI, so its grants
+    /// were "trusted" without kubelet's record: a pod's own /dev/null volume at the device
+    /// plugin's mount directory got GPU 0 under trust-annotations = "kubelet".
+    #[test]
+    fn a_podman_marker_does_not_make_a_cri_container_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = handler(dir.path(), one_gpu);
+        let plugins = dir.path().join("device-plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let cp = plugins.join("kubelet_internal_checkpoint");
+        std::fs::write(&cp, crate::kubelet::checkpoint_json(vec![])).unwrap();
+        h.cfg.kubelet.checkpoint = cp;
+        h.cfg.kubelet.dra_checkpoint = dir.path().join("dra_manager_state");
+        let p = PodSandbox {
+            uid: "uid-1".into(),
+            ..pod(&[])
+        };
+        for marker in [
+            ("io.container.manager", "libpod"),
+            ("io.podman.annotations.autoremove", "FALSE"),
+        ] {
+            let mut c = ctr(&[marker], &[]);
+            c.mounts = vec![crate::nri::api::Mount {
+                destination: "/var/run/nvidia-container-devices/0".into(),
+                source: "/dev/null".into(),
+                r#type: "bind".into(),
+                options: vec!["bind".into()],
+            }];
+            let err = h.create_container(&p, &c).unwrap_err();
+            assert!(err.contains("kubelet"), "{marker:?}: {err}");
+            assert!(!dir.path().join("state/c1").exists());
+        }
+    }
+
     #[test]
     fn a_pod_sandbox_is_untouched() {
         let dir = tempfile::tempdir().unwrap();

@@ -12,6 +12,8 @@
 //!   annotation present must agree with them (else the container is refused: a pod naming
 //!   another pod's UID is forging its kubelet record), and containerd's keys are then set from
 //!   them.
+//! * podman's markers (`io.container.manager=libpod`, `io.podman.annotations.*`) are dropped:
+//!   an NRI container is a CRI one, whatever a copied pod annotation says.
 //! * **Env** `ctr.env`; **mounts** `ctr.mounts`; **user namespace** from `linux.namespaces`.
 //!   NRI gives no root path (the NRI applier does not need one).
 
@@ -86,6 +88,13 @@ pub fn inputs(pod: &PodSandbox, ctr: &Container) -> Result<Inputs, RequestError>
         .map(|(k, v)| (k.clone(), v.clone()))
         .chain(ctr.annotations.iter().map(|(k, v)| (k.clone(), v.clone())))
         .collect();
+    // NRI serves CRI containers only: podman's markers here are a pod's annotations the engine
+    // copied into the spec, and would make the container "not CRI" (grants believed without
+    // kubelet's record, `allocation::backing::is_cri`). Dropped.
+    annotations.retain(|k, v| {
+        let manager = k == crate::allocation::libpod::MANAGER_KEY && v == "libpod";
+        !manager && !k.starts_with(crate::allocation::libpod::PODMAN_PREFIX)
+    });
     let identity: [(&[&'static str], &'static str, &str); 4] = [
         (&[CONTAINERD_POD_UID, CRIO_POD_UID], "pod UID", &pod.uid),
         (

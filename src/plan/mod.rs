@@ -333,12 +333,19 @@ fn check_foreign(
 /// Whether a container path is gpufence's to mount: the state directory and anything below it,
 /// the shim, `/etc/ld.so.preload` (and anything below those two). Any other mount there (an
 /// image `VOLUME /run/gpufence/quota`, a foreign CDI edit) is dropped or refused, never
-/// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer.
+/// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer; `..`
+/// goes up, never above `/` (as runc resolves a destination inside the rootfs).
 pub fn is_reserved_destination(p: &str) -> bool {
-    let norm: Vec<&str> = p
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+    let mut norm: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                norm.pop();
+            }
+            c => norm.push(c),
+        }
+    }
     [
         CONTAINER_STATE_DIR,
         CONTAINER_SHIM_PATH,
