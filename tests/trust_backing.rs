@@ -570,3 +570,25 @@ fn plan_cli_refuses_the_forged_pod_and_names_the_backing() {
                            "ids": [format!("{gpu1}::1")]})
     );
 }
+
+/// CRI-O copies a pod's annotations into the spec: a pod adding podman's markers
+/// (`io.container.manager: libpod`, `io.podman.annotations.*`) stays a CRI container, and its
+/// own `/dev/null` volume at the NVIDIA plugin's mount point gets no GPU kubelet did not record.
+#[test]
+fn podman_markers_do_not_make_a_cri_container_trusted() {
+    let u0 = uuid(0);
+    let mount = format!("/var/run/nvidia-container-devices/{u0}");
+    for marker in [
+        ("io.container.manager", "libpod"),
+        ("io.podman.annotations.autoremove", "FALSE"),
+    ] {
+        let s = cri(&[marker], &[], &[(mount.as_str(), "/dev/null")]);
+        let e = plan(
+            &s,
+            &record_of("main", vec![]),
+            &mode(TrustAnnotations::Kubelet),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("kubelet"), "{marker:?}: {e}");
+    }
+}

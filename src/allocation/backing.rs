@@ -299,12 +299,12 @@ pub struct Subject<'a> {
 }
 
 /// Whether the container was created through CRI: it carries a pod identity (a malformed one
-/// counts: fail closed), and is not a podman container whose annotations are not believed
-/// (podman copies an image's annotations, a CRI identity among them).
-pub fn is_cri(inputs: &super::input::Inputs, trust_libpod_annotations: bool) -> bool {
-    if super::libpod::is_libpod(&inputs.annotations) && !trust_libpod_annotations {
-        return false;
-    }
+/// counts: fail closed), whatever else it carries. podman's markers do not make it "not CRI":
+/// CRI-O copies a pod's annotations into the spec, so a pod can add `io.container.manager =
+/// libpod` and would otherwise have its grants believed without kubelet's record; a podman
+/// container whose image carries a CRI identity (podman copies an image's annotations) gets no
+/// grant kubelet cannot back — kubelet's record is not read for it — which fails closed.
+pub fn is_cri(inputs: &super::input::Inputs) -> bool {
     !matches!(
         crate::kubelet::PodIdentity::from_annotations(&inputs.annotations),
         Ok(None)

@@ -248,7 +248,7 @@ pub fn read_request(
     let backings = backing::check(
         &backing::Subject {
             mode: ac.trust_annotations,
-            cri: backing::is_cri(inputs, ac.trust_libpod_annotations),
+            cri: backing::is_cri(inputs),
             source: kubelet,
             inventory,
         },
