@@ -208,14 +208,18 @@ mod tests {
     use crate::inventory::Inventory;
     use std::collections::BTreeMap;
 
+    /// Annotations believed (`trust-annotations = true`): these tests are about rendering; the
+    /// trust model has its own (and one below sets "kubelet").
     fn cfg(dir: &std::path::Path) -> Config {
-        Config {
+        let mut c = Config {
             state_dir: dir.join("state"),
             dev_root: dir.join("dev-root"),
             driver_root: dir.join("driver-root"),
             nvml_library: dir.join("no-nvml.so").display().to_string(),
             ..Config::default()
-        }
+        };
+        c.allocation.trust_annotations = crate::config::TrustAnnotations::Believed;
+        c
     }
 
     /// One GPU whose device nodes are the host's /dev/null (real numbers for the restat).
@@ -252,9 +256,10 @@ mod tests {
         }
     }
 
-    /// A pod NRI knows no UID for (no kubelet record is consulted).
+    /// A pod as NRI names it (its UID, name, namespace).
     fn pod(annotations: &[(&str, &str)]) -> PodSandbox {
         PodSandbox {
+            uid: "uid-1".into(),
             name: "p".into(),
             namespace: "ns".into(),
             annotations: annotations
@@ -311,8 +316,8 @@ mod tests {
             (meta.namespace.as_deref(), meta.pod.as_deref()),
             (Some("ns"), Some("p"))
         );
-        // No pod UID from NRI: no CRI identity (so no container name), no kubelet record.
-        assert_eq!(meta.container, None);
+        // The container's name from NRI's identity.
+        assert_eq!(meta.container.as_deref(), Some("app"));
         // Started: the init pid joins the record.
         let started = Container {
             pid: 4242,
@@ -371,6 +376,7 @@ mod tests {
         std::fs::write(&cp, crate::kubelet::checkpoint_json(vec![])).unwrap();
         h.cfg.kubelet.checkpoint = cp;
         h.cfg.kubelet.dra_checkpoint = dir.path().join("dra_manager_state");
+        h.cfg.allocation.trust_annotations = crate::config::TrustAnnotations::Kubelet;
         let p = PodSandbox {
             uid: "uid-1".into(),
             ..pod(&[])

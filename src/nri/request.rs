@@ -46,6 +46,11 @@ pub enum RequestError {
         what: &'static str,
         actual: String,
     },
+    /// NRI names no pod UID or no container name: a CRI container always has both, so without
+    /// them the container's kubelet record cannot be found — refused rather than taken for a
+    /// container outside Kubernetes (whose grants are believed without a record).
+    #[error("the runtime names no {0} for this container: kubelet's record cannot be found")]
+    NoIdentity(&'static str),
 }
 
 /// containerd's `filepath.Match` for the allow-list's patterns: `*` matches any run of
@@ -81,6 +86,12 @@ pub fn pod_key_allowed(key: &str) -> bool {
 
 /// The request for container `ctr` of pod `pod`.
 pub fn inputs(pod: &PodSandbox, ctr: &Container) -> Result<Inputs, RequestError> {
+    if pod.uid.trim().is_empty() {
+        return Err(RequestError::NoIdentity("pod UID"));
+    }
+    if ctr.name.trim().is_empty() {
+        return Err(RequestError::NoIdentity("container name"));
+    }
     let mut annotations: BTreeMap<String, String> = pod
         .annotations
         .iter()
@@ -334,5 +345,35 @@ mod tests {
             ..Default::default()
         });
         assert!(inputs(&pod(&[]), &c).unwrap().user_namespace);
+    }
+
+    #[test]
+    fn a_container_without_pod_uid_or_name_is_refused_not_believed() {
+        let pod = PodSandbox {
+            name: "p".into(),
+            namespace: "ns".into(),
+            ..Default::default()
+        };
+        let ctr = Container {
+            name: "app".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            inputs(&pod, &ctr),
+            Err(RequestError::NoIdentity("pod UID"))
+        ));
+        let pod = PodSandbox {
+            uid: "u".into(),
+            ..pod
+        };
+        let nameless = Container {
+            name: " ".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            inputs(&pod, &nameless),
+            Err(RequestError::NoIdentity("container name"))
+        ));
+        assert!(inputs(&pod, &ctr).is_ok());
     }
 }
