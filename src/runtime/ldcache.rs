@@ -40,7 +40,7 @@ pub struct Refresh {
 }
 
 /// The rootfs: `root.path`, relative to the bundle.
-pub fn rootfs(request: &Inputs, bundle: &Path) -> Option<PathBuf> {
+fn rootfs(request: &Inputs, bundle: &Path) -> Option<PathBuf> {
     request.root_path.as_deref().map(|p| bundle.join(p))
 }
 
