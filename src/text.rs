@@ -1,17 +1,25 @@
 //! Ground: small text rules shared by every layer — values shortened for one-line messages, and
 //! the container-id rule that makes an id safe as a path component under `state-dir`.
 
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
+pub fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A value shortened for messages (at most 64 bytes, cut at a character boundary, `…` after).
 pub fn short(s: &str) -> String {
     const MAX: usize = 64;
     if s.len() <= MAX {
         return s.to_string();
     }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    format!("{}…", clip(s, MAX))
 }
 
 /// runc's rule for container ids (`^[\w+-\.]+$`: letters, digits, `_ + , - .`; not `.` or
@@ -63,6 +71,14 @@ mod tests {
         ] {
             assert!(container_id_problem(bad).is_some(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn clip_keeps_whole_characters() {
+        assert_eq!(clip("abc", 5), "abc");
+        assert_eq!(clip("abc", 2), "ab");
+        assert_eq!(clip("aé", 2), "a");
+        assert_eq!(clip("", 0), "");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use super::{AllocationError, DeviceRef};
 use crate::inventory::Inventory;
+use crate::text::short;
 
 /// A device resolved against the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,17 +123,6 @@ pub fn resolve_token(tok: &str, inv: &Inventory) -> Result<Resolved, String> {
         "{:?} is not a device (expected N, N:M, GPU-…, MIG-… or all)",
         short(tok)
     ))
-}
-
-fn short(s: &str) -> String {
-    if s.len() <= 64 {
-        return s.to_string();
-    }
-    let mut end = 64;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 /// Resolve a whole list of tokens, which all came from `key`=`value`. `tokens` are already

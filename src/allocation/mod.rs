@@ -120,11 +120,7 @@ impl AllocationError {
     pub fn new(key: impl Into<String>, value: &str, why: impl Into<String>) -> Self {
         const MAX: usize = 120;
         let value = if value.len() > MAX {
-            let mut end = MAX;
-            while !value.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}…({} bytes)", &value[..end], value.len())
+            format!("{}…({} bytes)", crate::text::clip(value, MAX), value.len())
         } else {
             value.to_string()
         };
@@ -132,12 +128,7 @@ impl AllocationError {
         // Reasons may quote parts of the input: keep them short too.
         const MAX_WHY: usize = 400;
         if why.len() > MAX_WHY {
-            let mut end = MAX_WHY;
-            while !why.is_char_boundary(end) {
-                end -= 1;
-            }
-            why.truncate(end);
-            why.push('…');
+            why = format!("{}…", crate::text::clip(&why, MAX_WHY));
         }
         AllocationError {
             key: key.into(),

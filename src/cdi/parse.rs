@@ -58,11 +58,7 @@ fn truncate(v: &str) -> String {
     if v.len() <= MAX {
         return v;
     }
-    let mut end = MAX;
-    while !v.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…({} bytes)", &v[..end], v.len())
+    format!("{}…({} bytes)", crate::text::clip(&v, MAX), v.len())
 }
 
 fn syntax(what: &'static str, value: &str, why: impl Into<String>) -> CdiError {

@@ -156,16 +156,11 @@ pub const MAX_ERROR_MESSAGE: usize = 4096;
 
 /// `message` on one line and at most [`MAX_ERROR_MESSAGE`] bytes.
 pub fn bounded_message(message: &str) -> String {
-    let mut s = message.replace(['\n', '\r'], " ");
-    if s.len() > MAX_ERROR_MESSAGE {
-        let mut end = MAX_ERROR_MESSAGE;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
+    let s = message.replace(['\n', '\r'], " ");
+    if s.len() <= MAX_ERROR_MESSAGE {
+        return s;
     }
-    s
+    format!("{}…", crate::text::clip(&s, MAX_ERROR_MESSAGE))
 }
 
 fn response(stream_id: u32, code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {
