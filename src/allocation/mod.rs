@@ -174,41 +174,12 @@ pub struct Intake {
 /// Default driver capabilities.
 pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
 
-/// Read the allocation from a parsed `config.json`, without kubelet's record (under
-/// `trust-env = "kubelet"` env is then not believed). Pure.
-pub fn read(
-    spec: &serde_json::Value,
-    inventory: &crate::inventory::Inventory,
-    config: &crate::config::Config,
-    cdi_specs: &[crate::cdi::LoadedSpec],
-) -> Result<Intake, AllocationError> {
-    read_with(
-        spec,
-        inventory,
-        config,
-        cdi_specs,
-        &crate::kubelet::KubeletSource::Absent,
-    )
-}
-
-/// Read the allocation from a parsed `config.json` and what kubelet recorded for the container
-/// (loaded at the edge, [`crate::allocation::record::load`]). Pure.
+/// Read the allocation from the request parsed at the front door ([`Inputs`]) and what kubelet
+/// recorded for the container (loaded at the edge, [`crate::allocation::record::load`]). Pure.
 ///
 /// Each enabled dialect is read into a [`Part`] (env-borne ones from the env kubelet vouches for,
 /// [`kubelet_env::view`]); the parts must agree facet by facet ([`agree`]); then untrusted env
 /// is neutralised and the normalised [`Allocation`] assembled.
-pub fn read_with(
-    spec: &serde_json::Value,
-    inventory: &crate::inventory::Inventory,
-    config: &crate::config::Config,
-    cdi_specs: &[crate::cdi::LoadedSpec],
-    kubelet: &crate::kubelet::KubeletSource,
-) -> Result<Intake, AllocationError> {
-    let request = Inputs::from_spec(spec)?;
-    read_request(&request, inventory, config, cdi_specs, kubelet)
-}
-
-/// [`read_with`] for a request already parsed at the front door ([`Inputs`]). Pure.
 pub fn read_request(
     request: &Inputs,
     inventory: &crate::inventory::Inventory,

@@ -149,7 +149,7 @@ impl Plan {
 ///
 /// Deterministic: the same inputs always give the same plan (the runtime and the hook rely on
 /// it). The JSON shape is documented in `docs/plan-json.md`. The steps, in order: the
-/// allocation ([`crate::allocation::read`]), device [`nodes`], [`mounts`] (driver files, shim,
+/// allocation ([`crate::allocation::read_request`]), device [`nodes`], [`mounts`] (driver files, shim,
 /// state), the ld cache refresh, [`env`], the [`quota`] and host files, foreign CDI edits, and the
 /// cgroup rules for every device node ([`cgroup`]).
 pub fn plan(
