@@ -995,21 +995,7 @@ fn runtime_handler_on_containerd_2_3() {
     );
     let cdir = s.join("containerd");
     let config = containerd_config(&bin, &cdir, &[]);
-    let (code, out, err) = common::run(
-        Command::new(common::bin("gpufence"))
-            .env("GPUFENCE_CONFIG", &node.config)
-            .args([
-                "runtime",
-                "configure",
-                "--runtime",
-                "containerd",
-                "--config",
-            ])
-            .arg(&config)
-            .arg("--record-dir")
-            .arg(s.join("records")),
-    );
-    assert_eq!(code, 0, "{out}{err}");
+    cri_support::configure_handler(&node.config, &config, &s.join("records"));
     // containerd hands its env to the shims, the shim to gpufence-runtime: gpufence's config.
     let c = cri_support::start_containerd(
         Some(&bin),

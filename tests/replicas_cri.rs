@@ -21,7 +21,6 @@ mod harness;
 mod runtime_support;
 
 use std::path::Path;
-use std::process::Command;
 
 use cri_support::{Containerd, client, import_image, import_rootfs, operator_config};
 use runtime_support::node;
@@ -37,17 +36,8 @@ fn containerd(s: &Path, config: &Path) -> Containerd {
     std::fs::create_dir_all(cdir.join("cni/net.d")).unwrap();
     let main = cdir.join("config.toml");
     std::fs::write(&main, operator_config(&cdir)).unwrap();
-    let (code, out, err) = common::run(
-        // The real runtime checked is the node's runtime.path (common::runc: runc 1.5.1).
-        Command::new(common::bin("gpufence"))
-            .env("GPUFENCE_CONFIG", config)
-            .args(["runtime", "configure"])
-            .args(["--runtime", "containerd", "--config"])
-            .arg(&main)
-            .arg("--record-dir")
-            .arg(s.join("records")),
-    );
-    assert_eq!(code, 0, "{out}{err}");
+    // The real runtime checked is the node's runtime.path (common::runc: runc 1.5.1).
+    cri_support::configure_handler(config, &main, &s.join("records"));
     // Debian's containerd 1.6 with its own shim; runc is named by BinaryName.
     cri_support::start_containerd(None, &main, &cdir, &[("GPUFENCE_CONFIG", config)])
 }

@@ -76,20 +76,7 @@ fn containerd_cri_pod_annotation_picks_the_gpu() {
     let main = cdir.join("config.toml");
     let original = operator_config(&cdir);
     std::fs::write(&main, &original).unwrap();
-    let (code, out, err) = common::run(
-        Command::new(common::bin("gpufence"))
-            .args([
-                "runtime",
-                "configure",
-                "--runtime",
-                "containerd",
-                "--config",
-            ])
-            .arg(&main)
-            .arg("--record-dir")
-            .arg(s.join("records")),
-    );
-    assert_eq!(code, 0, "{out}{err}");
+    let out = cri_support::configure_handler(&n.config, &main, &s.join("records"));
     // It says what the allow-listed pod annotations are worth on this node.
     assert!(
         out.contains("trust mode: allocation.trust-annotations = \"kubelet\""),

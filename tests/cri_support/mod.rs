@@ -83,6 +83,28 @@ impl Containerd {
     }
 }
 
+/// `gpufence runtime configure --runtime containerd` on the containerd config `main` (drop-in
+/// beside it, records under `records`), checking the real runtime named by gpufence's config
+/// `gpufence_config` (the node's `runtime.path`); its stdout.
+pub fn configure_handler(gpufence_config: &Path, main: &Path, records: &Path) -> String {
+    let (code, out, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .env("GPUFENCE_CONFIG", gpufence_config)
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
+            .arg(main)
+            .arg("--record-dir")
+            .arg(records),
+    );
+    assert_eq!(code, 0, "runtime configure: {out}{err}");
+    out
+}
+
 /// A containerd of its own on `config` (socket `dir/containerd.sock`, log `dir/containerd.log`,
 /// appended to across restarts), with `env` added (e.g. `GPUFENCE_CONFIG`, which its shims hand to
 /// gpufence-runtime). `engine`: `Some(dir)` runs that release's containerd and ctr with `dir` first
