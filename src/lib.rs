@@ -21,8 +21,8 @@
 //!    (`ps`, exporter), [`install`],
 //!    [`sim`] (the simulated node).
 //!
-//! The contract (commands, annotations, config keys, quota environment) is the project's
-//! `DESIGN.md`; side effects live at the edges, the middle is unit-testable.
+//! The contract (commands, annotations, config keys, quota environment) is docs/contract.md;
+//! side effects live at the edges, the middle is unit-testable.
 
 pub mod cdigen;
 pub mod cgroup;

@@ -2,7 +2,7 @@
 //!
 //! One plan feeds every output: the runtime applies it to `config.json`, the hook applies it in
 //! the container's namespaces, `gpufence plan` prints it. Its JSON form (`gpufence plan --json`)
-//! is a stable interface documented in the README.
+//! is a stable interface documented in docs/plan-json.md.
 
 use serde::{Deserialize, Serialize};
 
