@@ -671,7 +671,7 @@ fn the_policy_covers_every_pattern_of_the_pod_annotation_allow_list() {
     let p = policy();
     let keys = p.variable("allocationKeys");
     let prefixes = p.variable("allocationKeyPrefixes");
-    for pattern in gpufence::runtime::configure::ANNOTATION_ALLOW_LIST {
+    for pattern in gpufence::allocation::ANNOTATION_ALLOW_LIST {
         let covered = match pattern.strip_suffix('*') {
             Some(stem) => {
                 assert!(

@@ -932,7 +932,7 @@ fn nri_mode_configuration_loads_in_containerd_2_3() {
     );
 
     // The pre-registered plugin as `install` writes it, in that plugin_path.
-    use gpufence::runtime::nri_config;
+    use gpufence::engines::nri_config;
     let wrapper = cdir
         .join("nri-plugins")
         .join(nri_config::plugin_file("gpufence"));

@@ -20,11 +20,11 @@
 use std::collections::BTreeMap;
 
 use super::api::{Container, PodSandbox};
+use crate::allocation::ANNOTATION_ALLOW_LIST;
 use crate::allocation::input::Inputs;
 use crate::kubelet::{
     CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID, CRIO_CONTAINER_NAME, CRIO_POD_UID,
 };
-use crate::runtime::configure::ANNOTATION_ALLOW_LIST;
 
 /// containerd's and CRI-O's namespace and pod-name annotations.
 const NAMESPACE_KEYS: [&str; 2] = [

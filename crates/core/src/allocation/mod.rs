@@ -171,6 +171,18 @@ pub struct Intake {
     pub kubelet: Option<kubelet_env::KubeletReport>,
 }
 
+/// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
+/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
+/// into the OCI spec by containerd's `pod_annotations` / `container_annotations` allow-lists.
+pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
+    "gpufence.dev/*",
+    "cdi.k8s.io/*",
+    "aliyun.com/gpu-count",
+    "hami.io/vgpu-devices-allocated",
+    "ALIYUN_COM_GPU_MEM_*",
+    "nvidia.com/container.*",
+];
+
 /// Default driver capabilities.
 pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
 

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpufence/config.toml";
 /// Environment variable that overrides the configuration path.
 pub const CONFIG_ENV: &str = "GPUFENCE_CONFIG";
+/// The NRI plugin index gpufence registers with (pre-registered file name and DaemonSet): late, so
+/// that gpufence sees the container as every earlier plugin left it (their env, mounts,
+/// devices) and no later plugin can silently take back what gpufence set — NRI refuses a
+/// second plugin's adjustment of a mount, device or env variable another plugin claimed.
+pub const NRI_PLUGIN_INDEX: &str = "90";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -14,16 +14,15 @@
 //! Both are idempotent (nothing changed means no restart) and have a dry run. Paths written into
 //! files (the runtime binary, the drop-in) are the host's; files are reached under the host root.
 
-pub mod cli;
 pub mod host;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::configure::{Engine, Mode, in_root};
-use crate::runtime::nri_config;
-use crate::runtime::unconfigure::{self, ApplyError, Target};
+use crate::configure::{Engine, Mode, in_root};
+use crate::nri_config;
+use crate::unconfigure::{self, ApplyError, Target};
 use host::Host;
 
 /// Where gpufence lives on the host (the .deb's layout).
@@ -35,7 +34,7 @@ pub const HOST_STATE: &str = "/var/lib/gpufence";
 const MANIFEST: &str = "install.json";
 
 /// The node configuration installed when the host has none (`packaging/config.toml`).
-pub const DEFAULT_CONFIG: &str = include_str!("../../packaging/config.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../../../packaging/config.toml");
 
 /// How the engine is restarted after its configuration changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -344,7 +343,7 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         ));
     }
 
-    crate::runtime::cli::check_real_runtime(&o.host_root, o.allow_vulnerable_runtime)
+    crate::check_real_runtime(&o.host_root, o.allow_vulnerable_runtime)
         .map_err(InstallError::Runtime)?;
     ensure_dir(o, &Path::new(HOST_STATE).join("configure"), &mut m)?;
     let engine_report = unconfigure::apply_configure(&o.target(), o.dry_run)?;
