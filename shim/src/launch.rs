@@ -6,7 +6,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUresult, Ptr, cores, guard, real};
+use crate::ffi::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUresult, LaunchConfigHead, Ptr};
+use crate::{cores, guard, real};
 
 macro_rules! real_or {
     ($f:ident) => {
@@ -89,15 +90,6 @@ macro_rules! launch_cooperative {
 }
 launch_cooperative!(cuLaunchCooperativeKernel, false);
 launch_cooperative!(cuLaunchCooperativeKernel_ptsz, true);
-
-/// `CUlaunchConfig` up to the stream.
-#[repr(C)]
-struct LaunchConfigHead {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    stream: usize,
-}
 
 macro_rules! launch_ex {
     ($name:ident, $ptsz:expr) => {

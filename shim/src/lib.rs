@@ -26,6 +26,7 @@ use gpufence_format::quota;
 mod cores;
 mod elfsym;
 mod explain;
+mod ffi;
 use gpufence_format::human;
 mod launch;
 mod nvml;
@@ -34,53 +35,17 @@ use gpufence_format::region;
 mod state;
 mod table;
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ffi::{
+    ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult, LOCATION_DEVICE, NvmlMemory, NvmlMemoryV2,
+    PropHead, Ptr,
+};
 use launch::*;
 use state::{Acct, Config};
 use table::Kind;
-
-pub type CUresult = c_int;
-const CUDA_SUCCESS: CUresult = 0;
-const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-const CUDA_ERROR_UNKNOWN: CUresult = 999;
-/// `CU_MEM_ATTACH_GLOBAL`
-const ATTACH_GLOBAL: c_uint = 1;
-/// `CU_MEM_LOCATION_TYPE_DEVICE`
-const LOCATION_DEVICE: c_int = 1;
-
-type Ptr = *mut c_void;
-
-/// `CUmemAllocationProp` / `CUmemPoolProps` share this head: type, handle types, location.
-#[repr(C)]
-pub struct PropHead {
-    pub alloc_type: c_int,
-    pub handle_types: c_int,
-    pub location_type: c_int,
-    pub location_id: c_int,
-}
-
-/// `CUDA_ARRAY_DESCRIPTOR`
-#[repr(C)]
-pub struct ArrayDesc {
-    pub width: usize,
-    pub height: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`
-#[repr(C)]
-pub struct Array3dDesc {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-    pub flags: c_uint,
-}
 
 /// Bytes an array (or all levels of a mipmapped array) takes; formats we do not know are
 /// charged as 16 bytes per channel (the widest element), so nothing is charged as zero.
@@ -786,15 +751,12 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Ptr, mem: *mut nvml::Memory) -> c_int {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Ptr, mem: *mut NvmlMemory) -> c_int {
     nvml::guard(|| nvml::get_memory_info(device, mem))
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
-    device: Ptr,
-    mem: *mut nvml::MemoryV2,
-) -> c_int {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Ptr, mem: *mut NvmlMemoryV2) -> c_int {
     nvml::guard(|| nvml::get_memory_info_v2(device, mem))
 }
 

@@ -4,28 +4,8 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
+use crate::ffi::{NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NvmlMemory, NvmlMemoryV2};
 use crate::{real, state};
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Memory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-const NVML_ERROR_UNINITIALIZED: c_int = 1;
-const NVML_ERROR_UNKNOWN: c_int = 999;
 
 fn acct_for(device: *mut c_void) -> Option<(state::Acct, u64)> {
     let cfg = state::config()?;
@@ -53,7 +33,7 @@ pub fn slice(limit: u64, charged: u64, total: u64, free: u64, reserved: u64) -> 
     (t, used, f)
 }
 
-pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
+pub fn get_memory_info(device: *mut c_void, mem: *mut NvmlMemory) -> c_int {
     let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
         return NVML_ERROR_UNINITIALIZED;
     };
@@ -66,7 +46,7 @@ pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
         // SAFETY: non-null, just filled by NVML.
         let m = unsafe { &mut *mem };
         let (t, u, fr) = slice(a.limit, charged, m.total, m.free, 0);
-        *m = Memory {
+        *m = NvmlMemory {
             total: t,
             free: fr,
             used: u,
@@ -75,7 +55,7 @@ pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
     r
 }
 
-pub fn get_memory_info_v2(device: *mut c_void, mem: *mut MemoryV2) -> c_int {
+pub fn get_memory_info_v2(device: *mut c_void, mem: *mut NvmlMemoryV2) -> c_int {
     let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
         return NVML_ERROR_UNINITIALIZED;
     };
