@@ -26,9 +26,9 @@ use gpufence_format::quota;
 mod cores;
 mod elfsym;
 mod explain;
+mod exports;
 mod ffi;
 use gpufence_format::human;
-mod launch;
 mod nvml;
 mod real;
 use gpufence_format::region;
@@ -38,12 +38,12 @@ mod table;
 use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use exports::cuda_launch::*;
+use exports::{guard, real_or};
 use ffi::{
-    ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY,
-    CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult, LOCATION_DEVICE, NvmlMemory, NvmlMemoryV2,
-    PropHead, Ptr,
+    ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
+    LOCATION_DEVICE, NvmlMemory, NvmlMemoryV2, PropHead, Ptr,
 };
-use launch::*;
 use state::{Acct, Config};
 use table::Kind;
 
@@ -76,20 +76,6 @@ fn array_bytes(
         d = (d / 2).max(1);
     }
     total
-}
-
-#[inline(always)]
-fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(CUDA_ERROR_UNKNOWN)
-}
-
-macro_rules! real_or {
-    ($f:ident) => {
-        match real::$f() {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
 }
 
 // ---------------------------------------------------------------------------------------------

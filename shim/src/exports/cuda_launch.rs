@@ -6,17 +6,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::ffi::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUresult, LaunchConfigHead, Ptr};
-use crate::{cores, guard, real};
-
-macro_rules! real_or {
-    ($f:ident) => {
-        match real::$f() {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
+use super::{guard, real_or};
+use crate::cores;
+use crate::ffi::{CUDA_SUCCESS, CUresult, LaunchConfigHead, Ptr};
 
 /// Admit, launch, and close the measurement when this launch was sampled.
 #[inline(always)]
