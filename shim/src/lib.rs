@@ -25,6 +25,7 @@ use gpufence_format::quota;
 
 mod cores;
 mod elfsym;
+mod enforce;
 mod explain;
 mod exports;
 mod ffi;
@@ -36,15 +37,14 @@ mod state;
 mod table;
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
-use std::sync::atomic::{AtomicBool, Ordering};
 
+use enforce::{charge, charged, enforce_current, enforce_dev, enforce_pool, read_ptr, released};
 use exports::cuda_launch::*;
 use exports::{guard, real_or};
 use ffi::{
     ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
     LOCATION_DEVICE, NvmlMemory, NvmlMemoryV2, PropHead, Ptr,
 };
-use state::{Acct, Config};
 use table::Kind;
 
 /// Bytes an array (or all levels of a mipmapped array) takes; formats we do not know are
@@ -76,113 +76,6 @@ fn array_bytes(
         d = (d / 2).max(1);
     }
     total
-}
-
-// ---------------------------------------------------------------------------------------------
-// Fork safety
-
-static ATFORK: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn atfork_child() {
-    // async-signal-safe: atomics only
-    region::forget_process();
-    explain::forget_process();
-    table::forget();
-    state::forget_process();
-    cores::forget_process();
-}
-
-fn register_atfork() {
-    if !ATFORK.load(Ordering::Relaxed) && !ATFORK.swap(true, Ordering::AcqRel) {
-        // SAFETY: registering a plain function; the shim is never unloaded (preloaded).
-        unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Charging
-
-/// Enforcement for a CUDA ordinal (None: no quota or unlimited, or the driver cannot say).
-#[inline]
-fn enforce_dev(dev: c_int) -> Option<(&'static Config, Acct)> {
-    let cfg = state::config()?;
-    let a = state::acct_for(cfg, dev).ok().flatten()?;
-    register_atfork();
-    Some((cfg, a))
-}
-
-/// Enforcement for the current context's device.
-#[inline]
-fn enforce_current() -> Option<(&'static Config, Acct)> {
-    state::config()?;
-    let get = real::cuCtxGetDevice()?;
-    let mut d: c_int = 0;
-    // SAFETY: real driver call with a valid out-pointer.
-    if unsafe { get(&mut d) } != CUDA_SUCCESS {
-        return None;
-    }
-    enforce_dev(d)
-}
-
-/// Charge `bytes` on `a` for the driver call `what`; a refusal is counted in the region and
-/// explained on stderr.
-#[inline]
-fn charge(cfg: &Config, a: Acct, what: &str, bytes: u64) -> bool {
-    let ok = cfg.region.charge(a.idx, bytes, a.limit);
-    if !ok {
-        explain::refused(cfg, a, what, bytes);
-    }
-    ok
-}
-
-/// Charge, call the driver, record (or roll back).
-#[inline]
-fn charged(
-    e: Option<(&'static Config, Acct)>,
-    what: &str,
-    kind: Kind,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    handle: impl FnOnce() -> u64,
-) -> CUresult {
-    let Some((cfg, a)) = e else {
-        return call();
-    };
-    if !charge(cfg, a, what, bytes) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let r = call();
-    if r != CUDA_SUCCESS {
-        cfg.region.uncharge(a.idx, bytes);
-        return r;
-    }
-    // a full table keeps the charge until the process exits (fail closed)
-    table::insert(kind, handle(), table::pack(a.idx, bytes));
-    r
-}
-
-/// Release what `handle` was charged once the driver freed it.
-#[inline]
-fn released(kind: Kind, handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(cfg) = state::config() else {
-        return call();
-    };
-    let taken = table::take(kind, handle);
-    let r = call();
-    if let Some(v) = taken {
-        if r == CUDA_SUCCESS {
-            let (d, b) = table::unpack(v);
-            cfg.region.uncharge(d, b);
-        } else {
-            table::insert(kind, handle, v);
-        }
-    }
-    r
-}
-
-unsafe fn read_ptr(p: *mut u64) -> u64 {
-    // SAFETY: only called after the driver succeeded writing it.
-    if p.is_null() { 0 } else { unsafe { p.read() } }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,15 +244,6 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
             || unsafe { read_ptr(dptr) },
         )
     })
-}
-
-/// Device of a pool we saw created or handed out; else the current context's device.
-fn enforce_pool(pool: usize) -> Option<(&'static Config, Acct)> {
-    state::config()?;
-    match table::get(Kind::Pool, pool as u64) {
-        Some(dev) => enforce_dev(dev as c_int),
-        None => enforce_current(),
-    }
 }
 
 #[unsafe(no_mangle)]
