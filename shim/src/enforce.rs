@@ -1,7 +1,8 @@
 //! Holding a driver call to the quota: which quota device the call is for (the CUDA ordinal it
 //! names, the current context's, a pool's), charging its bytes before the driver runs and
-//! settling after (recorded per handle in `table`, released when the driver freed it), and the
-//! fork child's reset (the `pthread_atfork` handler stores atomics only).
+//! settling after (recorded per handle in `table`, released when the driver freed it), the
+//! container's slice of a device that the memory reports show (CUDA's and NVML's), and the fork
+//! child's reset (the `pthread_atfork` handler stores atomics only).
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,4 +127,28 @@ pub fn released(kind: Kind, handle: u64, call: impl FnOnce() -> CUresult) -> CUr
 pub unsafe fn read_ptr(p: *mut u64) -> u64 {
     // SAFETY: only called after the driver succeeded writing it.
     if p.is_null() { 0 } else { unsafe { p.read() } }
+}
+
+/// (total, used, free) of the slice given the device's real (total, free, reserved).
+pub fn slice(limit: u64, charged: u64, total: u64, free: u64, reserved: u64) -> (u64, u64, u64) {
+    let t = total.min(limit);
+    let used = charged.min(t);
+    let f = free.min(t.saturating_sub(used.saturating_add(reserved)));
+    (t, used, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_math() {
+        // quota 4 GiB on an 80 GiB device with 70 GiB free, 1 GiB charged
+        let g = 1u64 << 30;
+        assert_eq!(slice(4 * g, g, 80 * g, 70 * g, 0), (4 * g, g, 3 * g));
+        // never more than the device
+        assert_eq!(slice(100 * g, 0, 80 * g, 80 * g, 0), (80 * g, 0, 80 * g));
+        // real free is the bound when neighbours used the device
+        assert_eq!(slice(4 * g, 0, 80 * g, g, 0), (4 * g, 0, g));
+    }
 }

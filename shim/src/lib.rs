@@ -30,7 +30,6 @@ mod explain;
 mod exports;
 mod ffi;
 use gpufence_format::human;
-mod nvml;
 mod real;
 use gpufence_format::region;
 mod state;
@@ -40,18 +39,9 @@ use std::ffi::{CStr, c_char, c_int};
 
 use exports::cuda_launch::*;
 use exports::cuda_memory::*;
+use exports::nvml::*;
 use exports::{guard, real_or};
-use ffi::{CUDA_SUCCESS, CUresult, NvmlMemory, NvmlMemoryV2, Ptr};
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Ptr, mem: *mut NvmlMemory) -> c_int {
-    nvml::guard(|| nvml::get_memory_info(device, mem))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Ptr, mem: *mut NvmlMemoryV2) -> c_int {
-    nvml::guard(|| nvml::get_memory_info_v2(device, mem))
-}
+use ffi::{CUDA_SUCCESS, CUresult, Ptr};
 
 // ---------------------------------------------------------------------------------------------
 // The shim's exports by name, and by the real function they stand for
@@ -307,23 +297,4 @@ pub unsafe extern "C" fn dlvsym(handle: Ptr, name: *const c_char, version: *cons
     }
     // SAFETY: glibc's dlvsym with the caller's arguments.
     unsafe { real::real_dlvsym()(handle, name, version) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slice_math() {
-        // quota 4 GiB on an 80 GiB device with 70 GiB free, 1 GiB charged
-        let g = 1u64 << 30;
-        assert_eq!(nvml::slice(4 * g, g, 80 * g, 70 * g, 0), (4 * g, g, 3 * g));
-        // never more than the device
-        assert_eq!(
-            nvml::slice(100 * g, 0, 80 * g, 80 * g, 0),
-            (80 * g, 0, 80 * g)
-        );
-        // real free is the bound when neighbours used the device
-        assert_eq!(nvml::slice(4 * g, 0, 80 * g, g, 0), (4 * g, 0, g));
-    }
 }

@@ -7,7 +7,7 @@ use std::ffi::{c_int, c_uint};
 
 use super::{guard, real_or};
 use crate::enforce::{
-    charge, charged, enforce_current, enforce_dev, enforce_pool, read_ptr, released,
+    charge, charged, enforce_current, enforce_dev, enforce_pool, read_ptr, released, slice,
 };
 use crate::ffi::{
     ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
@@ -548,7 +548,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             // SAFETY: `free` and `total` were checked non-null and the driver just returned
             // CUDA_SUCCESS, so both are initialised size_t slots.
             let (t, _, fr) = unsafe {
-                crate::nvml::slice(
+                slice(
                     a.limit,
                     cfg.region.used(a.idx),
                     total.read() as u64,
