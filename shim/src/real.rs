@@ -14,7 +14,7 @@ use crate::ffi::{Array3dDesc, ArrayDesc, NvmlMemory, NvmlMemoryV2, PropHead, Ptr
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-/// The real `dlsym` (glibc's), published once. Read by the `dlsym` trampoline in lib.rs.
+/// The real `dlsym` (glibc's), published once. Read by the `dlsym` trampoline in exports/dl.rs.
 pub static GPUFENCE_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn null_dlsym(_h: *mut c_void, _n: *const c_char) -> *mut c_void {
@@ -49,7 +49,7 @@ pub fn real_dlsym() -> DlsymFn {
 
 pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
-/// glibc's `dlvsym`, published once. Read by the `dlvsym` trampoline in lib.rs.
+/// glibc's `dlvsym`, published once. Read by the `dlvsym` trampoline in exports/dl.rs.
 pub static GPUFENCE_REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn null_dlvsym(

@@ -11,6 +11,7 @@ use crate::ffi::{CUDA_ERROR_UNKNOWN, CUresult};
 
 pub mod cuda_launch;
 pub mod cuda_memory;
+pub mod dl;
 pub mod nvml;
 
 /// Runs an export's body; a panic becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C.
