@@ -9,6 +9,8 @@ import os
 import re
 import sys
 
+from import_cycles import cycles  # scripts/import_cycles.py: strongly connected components
+
 SRC = "crates/core/src"
 # Lower index = lower layer. A module may import modules of its own layer or below, never above;
 # within a layer, the graph must still be acyclic.
@@ -75,38 +77,6 @@ def edges(mods):
                 if t in out and t != m:
                     out[m].add(t)
     return out
-
-
-def cycles(graph):
-    index, low, stack, on, res, n = {}, {}, [], set(), [], [0]
-
-    def strong(v):
-        index[v] = low[v] = n[0]
-        n[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                res.append(sorted(comp))
-
-    sys.setrecursionlimit(10000)
-    for v in sorted(graph):
-        if v not in index:
-            strong(v)
-    return res
 
 
 def main():
