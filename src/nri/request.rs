@@ -51,6 +51,9 @@ pub enum RequestError {
     /// container outside Kubernetes (whose grants are believed without a record).
     #[error("the runtime names no {0} for this container: kubelet's record cannot be found")]
     NoIdentity(&'static str),
+    /// The container's devices cannot be read.
+    #[error("{0}")]
+    Devices(crate::allocation::AllocationError),
 }
 
 /// containerd's `filepath.Match` for the allow-list's patterns: `*` matches any run of
@@ -154,13 +157,45 @@ pub fn inputs(pod: &PodSandbox, ctr: &Container) -> Result<Inputs, RequestError>
         .linux
         .as_ref()
         .is_some_and(|l| l.namespaces.iter().any(|n| n.r#type == "user"));
-    Ok(Inputs {
+    let mut inputs = Inputs {
         annotations,
         env,
         mounts,
         user_namespace,
-        root_path: None,
-    })
+        ..Inputs::default()
+    };
+    let (devices, rules) = devices_json(ctr);
+    inputs
+        .read_devices(Some(&devices), Some(&rules))
+        .map_err(RequestError::Devices)?;
+    Ok(inputs)
+}
+
+/// The container's `linux.devices` and `linux.resources.devices` in OCI's JSON shape, as
+/// [`Inputs::read_devices`] reads a spec's.
+fn devices_json(ctr: &Container) -> (serde_json::Value, serde_json::Value) {
+    let linux = ctr.linux.as_ref();
+    let devices = linux
+        .iter()
+        .flat_map(|l| &l.devices)
+        .map(|d| serde_json::json!({"path": d.path, "type": d.r#type, "major": d.major, "minor": d.minor}))
+        .collect();
+    let rules = linux
+        .and_then(|l| l.resources.as_ref())
+        .iter()
+        .flat_map(|r| &r.devices)
+        .map(|r| {
+            serde_json::json!({"allow": r.allow,
+                "type": (!r.r#type.is_empty()).then_some(&r.r#type),
+                "major": r.major.as_ref().map(|m| m.value),
+                "minor": r.minor.as_ref().map(|m| m.value),
+                "access": r.access})
+        })
+        .collect();
+    (
+        serde_json::Value::Array(devices),
+        serde_json::Value::Array(rules),
+    )
 }
 
 #[cfg(test)]
