@@ -21,12 +21,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// What the node has: GPUs, MIG devices, device nodes, driver files by capability.
-    Inventory(gpufence::inventory::cli::Args),
+    Inventory(gpufence::commands::inventory::Args),
     /// Describe the node's GPUs as a CDI spec.
     #[command(subcommand)]
     Cdi(gpufence::cdigen::cli::Cmd),
     /// Dry run: the normalised allocation and the edits the runtime would make.
-    Plan(gpufence::plan::cli::Args),
+    Plan(gpufence::commands::plan::Args),
     /// OCI hook entry points for CRI-O / podman hooks.d.
     #[command(subcommand)]
     Hook(gpufence::hook::cli::Cmd),
@@ -51,9 +51,9 @@ fn main() {
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     let r = match cli.cmd {
-        Cmd::Inventory(a) => gpufence::inventory::cli::run(config, a),
+        Cmd::Inventory(a) => gpufence::commands::inventory::run(config, a),
         Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
-        Cmd::Plan(a) => gpufence::plan::cli::run(config, a),
+        Cmd::Plan(a) => gpufence::commands::plan::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
         Cmd::Install(a) => gpufence::install::cli::install(a),

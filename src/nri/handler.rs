@@ -224,7 +224,7 @@ mod tests {
 
     /// One GPU whose device nodes are the host's /dev/null (real numbers for the restat).
     fn one_gpu(_: &Config) -> Result<Inventory, String> {
-        let mut inv = crate::plan::tests::inv();
+        let mut inv = gpufence_core::testing::inv();
         for n in inv
             .gpus
             .iter_mut()

@@ -1,0 +1,5 @@
+//! The binaries' subcommands, one file each: arguments (clap) and the call into the crate that
+//! does the work. Nothing here decides anything.
+
+pub mod inventory;
+pub mod plan;
