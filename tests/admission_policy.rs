@@ -607,7 +607,7 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
         ("linux.devices", "a spec field, named in errors"),
     ];
     let p = policy();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/allocation");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src/allocation");
     let mut literals = Vec::new();
     collect_str_consts(&root, &mut literals);
     // The scan finds the dialects (a move of src/allocation must move this test too).

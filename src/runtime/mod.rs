@@ -22,6 +22,7 @@ use crate::status::refusals::Reason;
 
 pub mod apply;
 pub mod args;
+pub mod cdi_dirs;
 pub mod cli;
 pub mod configure;
 pub mod folders;
