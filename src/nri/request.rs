@@ -411,4 +411,72 @@ mod tests {
         ));
         assert!(inputs(&pod, &ctr).is_ok());
     }
+
+    #[test]
+    fn the_containers_devices_and_device_rules_are_read() {
+        use crate::allocation::input::SpecDevice;
+        use crate::nri::api::{LinuxDevice, LinuxDeviceCgroup, LinuxResources, OptionalInt64};
+        let dev = |path: &str, t: &str, minor| LinuxDevice {
+            path: path.into(),
+            r#type: t.into(),
+            major: 195,
+            minor,
+            ..Default::default()
+        };
+        let mut c = ctr(&[]);
+        c.linux = Some(LinuxContainer {
+            devices: vec![dev("/dev/nvidia1", "c", 1), dev("/dev/fifo", "p", 0)],
+            resources: Some(LinuxResources {
+                devices: vec![LinuxDeviceCgroup {
+                    allow: false,
+                    access: "rwm".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let i = inputs(&pod(&[]), &c).unwrap();
+        assert_eq!(
+            i.devices,
+            [SpecDevice {
+                path: "/dev/nvidia1".into(),
+                kind: 'c',
+                major: 195,
+                minor: 1
+            }]
+        );
+        assert!(!i.all_devices_allowed);
+        // A privileged container's allow-all rule; one naming a device is not.
+        fn rules(c: &mut Container) -> &mut Vec<LinuxDeviceCgroup> {
+            &mut c
+                .linux
+                .as_mut()
+                .unwrap()
+                .resources
+                .as_mut()
+                .unwrap()
+                .devices
+        }
+        rules(&mut c).push(LinuxDeviceCgroup {
+            allow: true,
+            access: "rwm".into(),
+            ..Default::default()
+        });
+        assert!(inputs(&pod(&[]), &c).unwrap().all_devices_allowed);
+        rules(&mut c).push(LinuxDeviceCgroup {
+            allow: false,
+            r#type: "c".into(),
+            major: Some(OptionalInt64 { value: 195 }),
+            minor: None,
+            access: "rwm".into(),
+        });
+        assert!(inputs(&pod(&[]), &c).unwrap().all_devices_allowed);
+        // A device NRI cannot have sent (negative major) refuses the container.
+        c.linux.as_mut().unwrap().devices[0].major = -1;
+        assert!(matches!(
+            inputs(&pod(&[]), &c),
+            Err(RequestError::Devices(_))
+        ));
+    }
 }
