@@ -25,11 +25,7 @@
 //! side effects live at the edges, the middle is unit-testable.
 
 pub mod cdigen;
-pub mod cgroup;
-pub mod driverlimits;
-pub mod enter;
 pub mod hook;
-pub mod hostfiles;
 pub mod install;
 pub mod nri;
 pub mod runtime;
@@ -41,5 +37,8 @@ pub use gpufence_core::{
     allocation, backend, cdi, child, config, exit, fnv, fsutil, inventory, kubelet, ldso, logging,
     mps, plan, quantity, quota, text,
 };
+
+// The node mechanisms (crates/node), likewise.
+pub use gpufence_node::{cgroup, driverlimits, enter, hostfiles, state};
 
 pub mod commands;

@@ -39,7 +39,7 @@ enum Cmd {
     /// Take back what `install` did: the engine's files byte-for-byte, gpufence's files.
     Uninstall(gpufence::install::cli::Args),
     /// Run as an NRI plugin of containerd / CRI-O: the plan as each container's adjustment.
-    Nri(gpufence::nri::cli::Args),
+    Nri(gpufence::commands::nri::Args),
     /// GPU containers on this node: pod, devices, memory used / quota / peak, refusals.
     Ps(gpufence::status::ps::Args),
     /// Prometheus metrics of this node's GPU containers on /metrics.
@@ -58,7 +58,7 @@ fn main() {
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
         Cmd::Install(a) => gpufence::install::cli::install(a),
         Cmd::Uninstall(a) => gpufence::install::cli::uninstall(a),
-        Cmd::Nri(a) => gpufence::nri::cli::run(config, a),
+        Cmd::Nri(a) => gpufence::commands::nri::run(config, a),
         Cmd::Ps(a) => gpufence::status::ps::run(config, a),
         #[cfg(feature = "exporter")]
         Cmd::Exporter(a) => gpufence::status::exporter::run(config, a),

@@ -2,4 +2,5 @@
 //! does the work. Nothing here decides anything.
 
 pub mod inventory;
+pub mod nri;
 pub mod plan;

@@ -5,37 +5,7 @@
 use super::api::{Container, ContainerAdjustment, PodSandbox};
 use crate::config::Config;
 use crate::exit::Reason;
-
-/// Why a container is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gone {
-    /// StopContainer: its processes were stopped; it may still be removed later.
-    Stopped,
-    /// RemoveContainer: it no longer exists (what `gpufence-runtime delete` sees).
-    Removed,
-}
-
-/// The plugin's decisions. Called from one thread per request, concurrently.
-pub trait Handler: Send + Sync {
-    /// The adjustment for container `ctr` of pod `pod` being created; `Err(reason)` refuses the
-    /// container: the CreateContainer call fails with `reason` (one line), which the runtime
-    /// reports to its CRI client.
-    fn create_container(
-        &self,
-        pod: &PodSandbox,
-        ctr: &Container,
-    ) -> Result<ContainerAdjustment, String>;
-
-    /// Container `id` stopped or was removed (clean what creating it left behind).
-    fn container_gone(&self, id: &str, why: Gone);
-
-    /// Container `ctr` started (its init pid in `ctr.pid`). Default: nothing to do.
-    fn container_started(&self, _pod: &PodSandbox, _ctr: &Container) {}
-
-    /// The runtime's pods and containers when the plugin (re)connects (all Synchronize parts
-    /// together). Default: nothing to do.
-    fn synchronize(&self, _pods: &[PodSandbox], _containers: &[Container]) {}
-}
+pub use gpufence_nri_stub::{Gone, Handler};
 
 /// The handler `gpufence nri` runs, from gpufence's configuration. The inventory cache is
 /// warmed here (NVML is initialised, if at all, at start — not on a container's create path).

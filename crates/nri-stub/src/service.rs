@@ -1,5 +1,5 @@
 //! The Plugin service (NRI's `service Plugin`): each request decoded, handed to the
-//! [`Handler`], its answer encoded. Pure of I/O: [`super::conn`] calls [`Service::call`] on a
+//! [`Handler`], its answer encoded. Pure of I/O: [`crate::conn`] calls [`Service::call`] on a
 //! thread of its own for each request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use prost::Message;
 
-use super::api;
-use super::conn::Status;
-use super::handler::{Gone, Handler};
-use super::ttrpc::code;
+use crate::api;
+use crate::conn::Status;
+use crate::handler::{Gone, Handler};
+use crate::ttrpc::code;
 
 /// The ttrpc service name of NRI's Plugin service.
 pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
