@@ -87,6 +87,7 @@ pub fn run(_gpufence_config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
             // here names the engine's file).
             let cfg = crate::config::Config::load(None).map_err(Exit::invalid)?;
             report.push(crate::engines::configure::trust_mode_line(&cfg));
+            report.extend(cdi_dirs_line(&cfg, &t));
             (report, a.engine.runtime, a.engine.dry_run)
         }
         Cmd::Unconfigure(a) => {
@@ -105,6 +106,21 @@ pub fn run(_gpufence_config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
         println!("{}", engine.restart_hint());
     }
     Ok(())
+}
+
+/// The engine's CDI directories against `cdi.spec-dirs`: one plain line when they disagree, or
+/// when the engine's cannot be read.
+pub fn cdi_dirs_line(cfg: &crate::config::Config, t: &Target) -> Option<String> {
+    use crate::engines::cdi_dirs;
+    match cdi_dirs::of_engine(&t.root, t.engine, &t.config) {
+        Ok(Some(dirs)) => cdi_dirs::disagreement(cfg, t.engine, &dirs),
+        Ok(None) => None,
+        Err(e) => Some(format!(
+            "CDI directories: {}'s cdi_spec_dirs cannot be read ({e}); gpufence resolves CDI \
+             devices from cdi.spec-dirs",
+            t.engine.name()
+        )),
+    }
 }
 
 fn default_binary() -> PathBuf {

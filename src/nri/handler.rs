@@ -59,7 +59,7 @@ impl PlanHandler {
             request,
             id,
             self.load_inventory,
-            &crate::plan::intake::CdiSource::default(),
+            &crate::plan::intake::CdiSource::of(&self.cfg),
             None,
         )
         .map_err(|e| (e.reason(), e.to_string()))?;

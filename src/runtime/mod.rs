@@ -141,7 +141,7 @@ fn prepare_create(
             inventory_us = Some(t.elapsed().as_micros());
             r
         },
-        &CdiSource::default(),
+        &CdiSource::of(cfg),
         None,
     )
     .map_err(|e| {

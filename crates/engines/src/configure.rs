@@ -59,6 +59,14 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The engine's name, as messages say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Containerd => "containerd",
+            Engine::Crio => "CRI-O",
+            Engine::Docker => "docker",
+        }
+    }
     pub fn default_config(self) -> &'static str {
         match self {
             Engine::Containerd => "/etc/containerd/config.toml",

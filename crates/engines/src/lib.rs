@@ -5,6 +5,7 @@
 //! [`real_runtime`] refuse a real runtime with a known container escape; [`install`] is what the
 //! installer image runs on a node. Nothing here is on a container's create path.
 
+pub mod cdi_dirs;
 pub mod configure;
 pub mod install;
 pub mod nri_config;

@@ -323,19 +323,40 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
     }
 
     let cfg = o.here(Path::new(HOST_CONFIG));
+    let engine_cdi = crate::cdi_dirs::of_engine(&o.host_root, o.engine, &o.engine_config);
+    if let Err(e) = &engine_cdi {
+        report.push(format!(
+            "CDI directories: {}'s cdi_spec_dirs cannot be read ({e}); gpufence resolves CDI \
+             devices from cdi.spec-dirs",
+            o.engine.name()
+        ));
+    }
+    let engine_cdi = engine_cdi.ok().flatten();
     if cfg.exists() {
         m.config = previous.as_ref().and_then(|p| p.config.clone());
         report.push(format!("{}: kept (exists)", cfg.display()));
+        let text = std::fs::read_to_string(&cfg).map_err(io(&cfg))?;
+        if let (Ok(c), Some(dirs)) = (
+            crate::config::Config::from_toml(&text, Path::new(HOST_CONFIG)),
+            &engine_cdi,
+        ) && let Some(line) = crate::cdi_dirs::disagreement(&c, o.engine, dirs)
+        {
+            report.push(line);
+        }
     } else {
+        let config_text = match &engine_cdi {
+            Some(dirs) => crate::cdi_dirs::with_spec_dirs(DEFAULT_CONFIG, dirs),
+            None => DEFAULT_CONFIG.to_string(),
+        };
         ensure_dir(
             o,
             Path::new(HOST_CONFIG).parent().unwrap_or(Path::new("/")),
             &mut m,
         )?;
         if !o.dry_run {
-            put(&cfg, DEFAULT_CONFIG.as_bytes(), 0o644)?;
+            put(&cfg, config_text.as_bytes(), 0o644)?;
         }
-        m.config = Some(DEFAULT_CONFIG.to_string());
+        m.config = Some(config_text);
         report.push(format!(
             "{} {}",
             if o.dry_run { "would write" } else { "wrote" },
