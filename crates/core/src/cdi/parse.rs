@@ -19,8 +19,7 @@ use super::spec::{ContainerEdits, LoadedSpec, Spec};
 
 /// The annotation prefix CDI devices are requested with.
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-/// The static and dynamic spec directories, with their priority (the dynamic one wins).
-pub const DEFAULT_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
+pub use crate::config::DEFAULT_CDI_SPEC_DIRS as DEFAULT_SPEC_DIRS;
 /// Largest spec file read (a CDI spec for a whole node is a few hundred KiB).
 pub const MAX_SPEC_BYTES: u64 = 8 << 20;
 /// Known `cdiVersion`s, oldest first.

@@ -292,6 +292,9 @@ pub struct KubeletConfig {
     pub dra_checkpoint: PathBuf,
 }
 
+/// The static and dynamic spec directories, with their priority (the dynamic one wins).
+pub const DEFAULT_CDI_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
+
 /// `[cdi]`: the CDI spec directories the engine resolves CDI devices from (containerd's and
 /// CRI-O's `cdi_spec_dirs`; `gpufence runtime configure` writes the engine's). Later
 /// directories win a conflict, as in the engines.
@@ -304,7 +307,7 @@ pub struct CdiConfig {
 impl Default for CdiConfig {
     fn default() -> Self {
         CdiConfig {
-            spec_dirs: crate::cdi::parse::DEFAULT_SPEC_DIRS
+            spec_dirs: DEFAULT_CDI_SPEC_DIRS
                 .iter()
                 .map(|(d, _)| PathBuf::from(d))
                 .collect(),
