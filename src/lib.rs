@@ -38,7 +38,7 @@ pub use gpufence_core::{
 };
 
 // The node mechanisms (crates/node), likewise.
-pub use gpufence_node::{cgroup, driverlimits, enter, hostfiles, state};
+pub use gpufence_node::{cgroup, driverfolders, driverlimits, enter, hostfiles, state};
 
 // Engine configuration and install (crates/engines).
 pub use gpufence_engines as engines;

@@ -97,6 +97,10 @@ fn podman_consumes_generated_spec() {
     let scratch = common::scratch("podman-cdi");
     let node = scratch.join("node");
     let cfg = common::sim_node(&node, 2, None);
+    // Each library at its own path, where the hook refreshes the cache.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text.replace("[runtime]", "[runtime]\ndriver-layout = \"files\"");
+    std::fs::write(&cfg, text).unwrap();
 
     let rootfs = common::glibc_rootfs(&scratch);
     let src = scratch.join("dltest.c");

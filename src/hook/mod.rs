@@ -363,7 +363,7 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
 pub(crate) fn ldcache_run(
     plan: &crate::plan::Plan,
 ) -> Result<Option<apply::LdcacheRun>, HookError> {
-    let folders = match &plan.ld_cache {
+    let folders = match plan.layout_ld_cache() {
         Some(l) => Some(l.folders.clone()),
         None => plan
             .edits
@@ -371,7 +371,12 @@ pub(crate) fn ldcache_run(
             .iter()
             .find_map(crate::plan::ldcache_hook_folders),
     };
-    Ok(folders.map(|folders| apply::LdcacheRun { folders }))
+    let links = plan
+        .driver_folders
+        .as_ref()
+        .map(|f| f.folding.binary_links())
+        .unwrap_or_default();
+    Ok(folders.map(|folders| apply::LdcacheRun { folders, links }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

@@ -13,10 +13,12 @@
 //!   key. NRI replaces a variable's first occurrence only — a later duplicate in the container's
 //!   env would win back — and forwards no env removal to the runtime, so a container whose env
 //!   repeats a key the plan sets is refused;
-//! * hooks → `hooks` by stage: the ld-cache refresh ([`crate::plan::ldcache_hook`] for
-//!   `plan.ld_cache`, createContainer) first, then the plan's own (e.g. the driver memory-limits
-//!   createRuntime hook);
-//! * `driver_folders` is rendered by `gpufence-runtime` only: NRI keeps the per-file binds.
+//! * hooks → `hooks` by stage: the plan's own (e.g. the driver memory-limits createRuntime hook),
+//!   after the ld-cache refresh where one is needed (below);
+//! * the driver folders (`runtime.driver-layout = "folders"`, the default, where the node made
+//!   them: [`crate::plan::folders::DriverFolders`]) in place of the per-file driver binds: their
+//!   mounts and `PATH` naming the binaries' folder; the createContainer hook
+//!   ([`crate::plan::ldcache_hook`] for the layout's ld cache) refreshes the ld cache, first.
 //!
 //! A plan NRI cannot express (supplementary groups) is refused, never half applied.
 
@@ -75,8 +77,7 @@ pub fn render(
         });
     }
     let ld_hook = plan
-        .ld_cache
-        .as_ref()
+        .layout_ld_cache()
         .map(|l| crate::plan::ldcache_hook(cfg, &l.folders));
     Ok(ContainerAdjustment {
         env: env(plan, ctr)?,
@@ -116,11 +117,19 @@ fn rule(r: &CgroupRule) -> LinuxDeviceCgroup {
     }
 }
 
-/// The plan's env then its overrides, one entry per key (the last value), in first-seen order.
+/// The plan's env, the driver folders' (`PATH`), then the plan's overrides,
+/// one entry per key (the last value), in first-seen order.
 fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
     let mut order: Vec<&str> = Vec::new();
     let mut values: BTreeMap<&str, &str> = BTreeMap::new();
-    for e in plan.edits.env.iter().chain(&plan.env_overrides) {
+    let folders = plan.driver_folders.iter().flat_map(|f| f.env.iter());
+    for e in plan
+        .edits
+        .env
+        .iter()
+        .chain(folders)
+        .chain(&plan.env_overrides)
+    {
         let (k, v) = e.split_once('=').unwrap_or((e.as_str(), ""));
         if values.insert(k, v).is_none() {
             order.push(k);
@@ -144,7 +153,7 @@ fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
 }
 
 /// Removals of the container's mounts at reserved destinations (when the plan mounts its
-/// state), then the plan's mounts in its order.
+/// state), then the plan's mounts in its order (the driver folders' where settled).
 fn mounts(plan: &Plan, ctr: &Container) -> Result<Vec<Mount>, AdjustError> {
     let mut out = Vec::new();
     if plan.state_dir.is_some() {
@@ -165,7 +174,7 @@ fn mounts(plan: &Plan, ctr: &Container) -> Result<Vec<Mount>, AdjustError> {
             });
         }
     }
-    out.extend(plan.edits.mounts.iter().map(mount));
+    out.extend(plan.layout_mounts().iter().map(mount));
     Ok(out)
 }
 

@@ -120,8 +120,10 @@ pub struct Plan {
     /// The ld cache refresh the driver libraries need (`None`: no library mounted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ld_cache: Option<LdCache>,
-    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, for the
-    /// runtime to render where it can prepare the folders ([`folders::DriverFolders`]).
+    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, set by
+    /// the node once it has named (or made) the folders' directory on this host
+    /// (`gpufence_node::driverfolders`); every applier renders it in place of the per-file
+    /// edits ([`Plan::layout_mounts`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_folders: Option<folders::DriverFolders>,
 }
@@ -135,6 +137,22 @@ pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from 
     needs the driver backend or MIG";
 
 impl Plan {
+    /// The mounts as the appliers render them: the driver folders' where the node settled them
+    /// ([`folders::DriverFolders`]), else the per-file edits.
+    pub fn layout_mounts(&self) -> &[crate::cdi::MountEdit] {
+        self.driver_folders
+            .as_ref()
+            .map_or(&self.edits.mounts, |f| &f.mounts)
+    }
+
+    /// The ld cache as the appliers render it (the driver folders' where settled).
+    pub fn layout_ld_cache(&self) -> Option<&LdCache> {
+        match &self.driver_folders {
+            Some(f) => f.ld_cache.as_ref(),
+            None => self.ld_cache.as_ref(),
+        }
+    }
+
     /// True when the plan grants nothing (no device nodes, no mounts, no shim).
     pub fn grants_nothing(&self) -> bool {
         self.allocation.is_none()
