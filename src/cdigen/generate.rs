@@ -4,10 +4,9 @@
 //! things. The driver files as the layout says ([`driver_plan`]):
 //! * `folders` (the default, where the node made the folders): one read-only bind per folder,
 //!   binaries at their own paths (a CDI env edit replaces the image's `PATH`, so it is not
-//!   extended);
-//! * `files`: every driver file bound read-only at its own path;
-//!
-//! and the ldcache createContainer hook for the layout's library folders.
+//!   extended), and `LD_LIBRARY_PATH` naming the library folder — no process per container;
+//! * `files`: every driver file bound read-only at its own path, and the ldcache createContainer
+//!   hook.
 
 use std::path::{Path, PathBuf};
 
@@ -134,8 +133,13 @@ pub fn generate_with(inv: &Inventory, cfg: &Config, driver: &Plan) -> Spec {
 
     let mut common = edits(inv.control_nodes.iter().cloned());
     common.mounts = driver.layout_mounts().to_vec();
-    if let Some(l) = driver.layout_ld_cache() {
-        common.hooks.push(ldcache_hook(cfg, &l.folders));
+    match &driver.driver_folders {
+        Some(f) => common.env.extend(f.library_path.iter().cloned()),
+        None => {
+            if let Some(l) = &driver.ld_cache {
+                common.hooks.push(ldcache_hook(cfg, &l.folders));
+            }
+        }
     }
     let mut spec = Spec {
         cdi_version: String::new(),

@@ -313,9 +313,14 @@ fn render_edits(s: &mut String, p: &Plan) {
         let _ = writeln!(s, "additional gids: {}", gids.join(","));
     }
     if let Some(l) = p.layout_ld_cache() {
+        let nri = if p.driver_folders.is_some() {
+            "NRI: LD_LIBRARY_PATH"
+        } else {
+            "NRI: a createContainer hook"
+        };
         let _ = writeln!(
             s,
-            "ld cache: refreshed for {} (runtime: before runc, in-process; hook: in the container's namespace; NRI and CDI: a createContainer hook)",
+            "ld cache: refreshed for {} (runtime: before runc, in-process; hook: in the container's namespace; {nri})",
             l.folders.join(", ")
         );
     }
@@ -341,6 +346,12 @@ fn render_edits(s: &mut String, p: &Plan) {
         }
         for v in &f.env {
             let _ = writeln!(s, "  env {v}");
+        }
+        if let Some(v) = &f.library_path {
+            let _ = writeln!(
+                s,
+                "  env {v} (NRI only; the runtime and hook mode write the ld cache)"
+            );
         }
     }
 }

@@ -122,12 +122,14 @@ impl Default for RuntimeConfig {
 #[serde(rename_all = "lowercase")]
 pub enum DriverLayout {
     /// Every driver file bound read-only at its own path, as on the host (as NVIDIA's toolkit
-    /// does): every tool finds every file where it expects it.
+    /// does): every tool finds every file where it expects it; `gpufence nri` and the CDI spec
+    /// refresh the ld cache with a createContainer hook (`gpufence hook update-ldcache`).
     Files,
     /// One read-only bind per folder: libraries at `/usr/local/nvidia/lib64`, binaries at
     /// `/usr/local/nvidia/bin` (appended to `PATH`; the runtime and hook mode also link them at
     /// their host paths), firmware at its own folder; runc makes a handful of mounts instead of
-    /// one per file. The default.
+    /// one per file, and no applier runs a process per container for the ld cache (`gpufence
+    /// nri` and the CDI spec name the library folder in `LD_LIBRARY_PATH`). The default.
     #[default]
     Folders,
 }
