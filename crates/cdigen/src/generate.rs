@@ -65,35 +65,33 @@ fn gpu_nodes(g: &Gpu) -> Vec<DeviceNode> {
     vec![g.node.clone()]
 }
 
-/// The node's driver files as a plan (every file, its bind, the ld cache folders), and the
-/// driver folders settled for it on this host (`mode`: made, or only named): what
-/// [`generate_with`] renders. Binaries are never folded here (their folder would need `PATH`).
-pub fn driver_plan(inv: &Inventory, cfg: &Config, mode: crate::driverfolders::Mode) -> Plan {
+/// The node's driver files as a plan, pure: every file bound read-only at its own path, the ld
+/// cache folders. The host side (`gpufence cdi generate`) settles its driver folders
+/// (`gpufence_node::driverfolders::settle` over [`foldable`]) before [`generate_with`] renders it.
+pub fn driver_plan(inv: &Inventory) -> Plan {
     let dirs = library_dirs(&inv.driver_files);
-    let mut plan = Plan {
+    Plan {
         container_id: "cdi".to_string(),
-        ld_cache: (!dirs.is_empty()).then_some(LdCache { folders: dirs }),
-        ..Plan::default()
-    };
-    plan.edits.mounts = driver_mounts(&inv.driver_files);
-    let mut folded = inv.clone();
-    folded.driver_files.retain(|f| f.kind != FileKind::Binary);
-    crate::driverfolders::settle(cfg, &mut plan, &folded, None, mode);
-    plan
-}
-
-/// The CDI spec of this node with the `files` layout (pure).
-pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
-    let dirs = library_dirs(&inv.driver_files);
-    let plan = Plan {
         ld_cache: (!dirs.is_empty()).then_some(LdCache { folders: dirs }),
         edits: crate::cdi::ContainerEdits {
             mounts: driver_mounts(&inv.driver_files),
             ..Default::default()
         },
         ..Plan::default()
-    };
-    generate_with(inv, cfg, &plan)
+    }
+}
+
+/// What the spec may fold: the driver files but the binaries (their folder would need `PATH`,
+/// and a CDI env edit replaces the image's).
+pub fn foldable(inv: &Inventory) -> Inventory {
+    let mut out = inv.clone();
+    out.driver_files.retain(|f| f.kind != FileKind::Binary);
+    out
+}
+
+/// The CDI spec of this node with the `files` layout (pure).
+pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
+    generate_with(inv, cfg, &driver_plan(inv))
 }
 
 /// The CDI spec of this node, its driver files as `driver` ([`driver_plan`]) lays them out.

@@ -1,7 +1,7 @@
 //! `gpufence cdi generate|list`.
 use std::path::{Path, PathBuf};
 
-use super::generate::{self, Format};
+use crate::cdigen::generate::{self, Format};
 use crate::config::Config;
 use crate::exit::Exit;
 
@@ -26,7 +26,8 @@ pub enum Cmd {
 pub fn node_spec(cfg: &Config, mode: crate::driverfolders::Mode) -> Result<crate::cdi::Spec, Exit> {
     let mut inv = crate::inventory::load(cfg)?;
     crate::inventory::refresh_device_numbers(&mut inv, cfg)?;
-    let driver = generate::driver_plan(&inv, cfg, mode);
+    let mut driver = generate::driver_plan(&inv);
+    crate::driverfolders::settle(cfg, &mut driver, &generate::foldable(&inv), None, mode);
     Ok(generate::generate_with(&inv, cfg, &driver))
 }
 
