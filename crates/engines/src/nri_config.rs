@@ -26,11 +26,10 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, value};
 
-use crate::configure::{
-    ConfigureError, Engine, FileWrite, add_import, drop_in_path, file_write, in_root,
-    parse_containerd, read_optional, string_array,
+use crate::engine::{
+    ConfigureError, Engine, FileWrite, OWN_FILE_MARK, add_import, drop_in_path, file_write,
+    in_root, parse_containerd, read_optional, string_array,
 };
-use crate::unconfigure::OWN_FILE_MARK;
 
 /// containerd's NRI plugin (config version 3 and 4).
 pub const NRI_PLUGIN: &str = "io.containerd.nri.v1.nri";
