@@ -8,13 +8,12 @@
 //! is overridden with the recorded one. Without kubelet the env is not believed (as with `false`);
 //! with an unreadable record, a container whose only GPU signal is env is refused ([`refusal`]).
 
-use serde::{Deserialize, Serialize};
-
 use super::container_dialects::{self, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES};
 use super::input::Inputs;
+pub use super::types::{KubeletReport, Neutralised};
 use super::{AllocationError, Intake, short};
 use crate::config::{Config, TrustEnv};
-use crate::kubelet::{ContainerRecord, KubeletSource};
+use crate::kubelet::KubeletSource;
 
 /// Env keys that carry a GPU allocation in some dialect.
 pub fn is_gpu_env_key(k: &str) -> bool {
@@ -30,34 +29,6 @@ fn asks_for_gpu(k: &str, v: &str) -> bool {
         return !container_dialects::nvd_requests_nothing(v);
     }
     k != NVIDIA_DRIVER_CAPABILITIES && is_gpu_env_key(k)
-}
-
-/// What kubelet said about this container, for `gpufence plan` and the log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KubeletReport {
-    /// `record` (read and verified), `unavailable` (expected, but unreadable or not believable),
-    /// `absent` (not consulted: trust-env is not "kubelet", or no kubelet for this container).
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub why: Option<String>,
-    /// The record for this container (pod UID, container name, per resource: device ids, env…).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub record: Option<ContainerRecord>,
-}
-
-/// A GPU env value that was not acted on as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Neutralised {
-    pub key: String,
-    pub value: String,
-    /// What the container sees instead (`None`: left in place, not acted on).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replacement: Option<String>,
-    pub why: String,
 }
 
 /// The inputs and configuration the dialect readers see.

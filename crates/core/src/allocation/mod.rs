@@ -5,148 +5,18 @@
 //! CDI specs found on the host (loaded at the edge) and returns one [`Allocation`] or a
 //! one-line [`AllocationError`] naming the key, the value and why.
 
-use serde::{Deserialize, Serialize};
-
-use crate::cdi::ContainerEdits;
 use crate::config::Dialect;
 use crate::inventory::Capability;
-
-/// A GPU or MIG device of this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum DeviceRef {
-    /// A whole GPU, by NVML index.
-    Gpu { index: u32 },
-    /// A MIG device: parent GPU index and MIG device index.
-    Mig { gpu: u32, mig: u32 },
-}
-
-/// One allocated device with its limits, in the container's device order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AllocatedDevice {
-    pub device: DeviceRef,
-    /// `GPU-…` or `MIG-…` (from the inventory).
-    pub uuid: String,
-    /// Bytes; `None` = the whole device.
-    pub memory_limit: Option<u64>,
-    /// Percent 1–100; `None` = no limit.
-    pub cores: Option<u8>,
-    /// What backs the grant: kubelet's record, the admission policy, or belief
-    /// ([`backing`], `allocation.trust-annotations`).
-    #[serde(default)]
-    pub backing: backing::Backing,
-    /// The time-slicing replicas of this device kubelet records the container holding.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replica: Option<replicas::ReplicaShare>,
-}
-
-/// Devices of other CDI kinds named by `cdi.k8s.io/*` annotations, resolved with their edits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ForeignCdiDevice {
-    /// Fully qualified `vendor/class=name`.
-    pub name: String,
-    /// The spec file that defined it.
-    pub spec_path: String,
-    /// Device edits followed by the spec's common edits.
-    pub edits: ContainerEdits,
-    /// What backs the grant ([`backing`]).
-    #[serde(default)]
-    pub backing: backing::Backing,
-}
-
-/// The normalised allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Allocation {
-    /// Dialects that expressed this allocation (more than one only when they agree).
-    pub dialects: Vec<Dialect>,
-    /// Devices in container order (CUDA ordinal `i` = position `i`).
-    pub devices: Vec<AllocatedDevice>,
-    /// Let allocations beyond the quota spill to host memory instead of failing.
-    pub oversubscribe: bool,
-    /// Driver capabilities to expose (default `compute,utility`).
-    pub capabilities: Vec<Capability>,
-    /// Devices of other CDI kinds.
-    pub foreign_cdi: Vec<ForeignCdiDevice>,
-    /// `gpufence.dev/cores-policy: burst`: compute shares may use idle GPU time.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub cores_burst: bool,
-    /// Where each facet was taken from (every dialect that expressed it; they agree).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sources: Vec<FacetSource>,
-}
-
-/// Where an input was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Origin {
-    /// An OCI annotation (pod or container annotation passed by the CRI runtime).
-    Annotation,
-    /// Env that kubelet's device-manager checkpoint records a device plugin set.
-    Kubelet,
-    /// Process env believed as written (`allocation.trust-env = true`).
-    Env,
-    /// A mount in `config.json` (the NVIDIA device plugin's volume-mounts strategy).
-    Mount,
-    /// A device node the engine put into `config.json` (`linux.devices`:
-    /// [`spec_devices`]).
-    Device,
-}
-
-/// One facet of the allocation and the input it came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FacetSource {
-    /// `devices`, `memory`, `cores` or `oversubscribe`.
-    pub facet: String,
-    pub dialect: Dialect,
-    pub origin: Origin,
-    pub key: String,
-    pub value: String,
-}
-
-/// Why an allocation is refused: one line naming the input key, its value and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}={value:?}: {why}")]
-pub struct AllocationError {
-    /// The annotation or env key at fault (or the CDI spec file).
-    pub key: String,
-    /// The offending value (truncated for display by the constructor).
-    pub value: String,
-    pub why: String,
-}
-
-impl AllocationError {
-    /// Build an error, truncating huge values so the message stays one readable line.
-    pub fn new(key: impl Into<String>, value: &str, why: impl Into<String>) -> Self {
-        const MAX: usize = 120;
-        let value = if value.len() > MAX {
-            format!("{}…({} bytes)", crate::text::clip(value, MAX), value.len())
-        } else {
-            value.to_string()
-        };
-        let mut why: String = why.into();
-        // Reasons may quote parts of the input: keep them short too.
-        const MAX_WHY: usize = 400;
-        if why.len() > MAX_WHY {
-            why = format!("{}…", crate::text::clip(&why, MAX_WHY));
-        }
-        AllocationError {
-            key: key.into(),
-            value: value.replace('\n', "\\n"),
-            why: why.replace('\n', " "),
-        }
-    }
-}
 
 mod agree;
 pub mod backing;
 pub mod compute;
 pub mod container_dialects;
+pub mod device_nodes;
 pub mod devices;
+mod dra_limits;
 pub mod dra_share;
+pub mod error;
 pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
@@ -154,27 +24,18 @@ pub mod pod_dialects;
 pub mod record;
 pub mod replicas;
 pub mod spec_devices;
+pub mod types;
+
+pub use error::AllocationError;
+pub use types::{
+    AllocatedDevice, Allocation, DeviceRef, FacetSource, ForeignCdiDevice, Intake, Origin,
+};
 
 use container_dialects::Part;
 use devices::{Resolved, describe};
 use input::Inputs;
 
 pub(crate) use crate::text::short;
-
-/// What the allocation intake decided for one container.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Intake {
-    /// `None`: no trusted dialect expresses an allocation (the container gets no GPU).
-    pub allocation: Option<Allocation>,
-    /// Untrusted GPU env neutralised: `KEY=value` replacements for the process env.
-    pub env_overrides: Vec<String>,
-    /// Decisions worth telling the operator (ignored or neutralised env).
-    pub notes: Vec<String>,
-    /// GPU env not acted on as written (trust-env = "kubelet").
-    pub neutralised: Vec<kubelet_env::Neutralised>,
-    /// What kubelet recorded for this container (trust-env = "kubelet").
-    pub kubelet: Option<kubelet_env::KubeletReport>,
-}
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
 /// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
@@ -270,7 +131,7 @@ pub fn read_request(
         &mut memory,
         &mut cores,
     )?;
-    let dra = dra_share::apply(recorded.as_ref(), &devices, &mut memory, &mut cores)?;
+    let dra = dra_limits::apply(recorded.as_ref(), &devices, &mut memory, &mut cores)?;
     let cores_burst = compute::cores_policy(inputs, &devices, &cores)?;
     let cores_burst = replicas::cores_policy(inputs, &shares.shares, cores_burst, config)?;
     let oversubscribe = agree::oversubscribe(&parts)?;

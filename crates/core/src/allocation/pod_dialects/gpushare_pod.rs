@@ -13,7 +13,7 @@ use super::super::AllocationError;
 use super::super::container_dialects::{Facet, Part};
 use super::super::devices::{resolve_list, split_list};
 use super::super::input::Inputs;
-use super::parse_uint;
+use super::number::parse_uint;
 use crate::config::{Config, Dialect, MemoryUnit};
 use crate::inventory::Inventory;
 use crate::kubelet::ContainerRecord;

@@ -16,6 +16,7 @@ use crate::kubelet::{ContainerRecord, PodIdentity};
 pub mod gpushare_pod;
 pub mod hami_pod;
 pub mod kai_pod;
+mod number;
 
 /// The parts of the enabled scheduler annotation dialects. `record` is kubelet's record of this
 /// container (trust-env = "kubelet"), used to tell which container of a pod-wide annotation
@@ -41,12 +42,4 @@ pub fn read(
         parts.push(kai_pod::read(inputs, inv, identity.as_ref())?);
     }
     Ok(parts)
-}
-
-/// A whole number of at most 19 digits.
-pub(crate) fn parse_uint(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
