@@ -657,6 +657,40 @@ fn state_dirs(state: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// A scratch dir and a simulated 2-GPU node whose kubelet record grants GPU 1 to container
+/// `app` of `pods`.
+fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
+    let s = common::scratch(name);
+    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    checkpoint_granting_gpu1(&checkpoint, pods);
+    let node = runtime_support::node(
+        &s,
+        2,
+        &[(
+            "kubelet.checkpoint",
+            toml_edit::value(checkpoint.display().to_string()),
+        )],
+    );
+    (s, node)
+}
+
+/// [`kubelet_gpu1_node`] and a
+/// containerd with NRI's validator requiring `gpufence`, the image imported: (scratch, node,
+/// containerd dir, its config, containerd).
+fn gpu1_node(
+    bin: &Path,
+    name: &str,
+    pods: &[&str],
+) -> (PathBuf, runtime_support::Node, PathBuf, PathBuf, Containerd) {
+    let (s, node) = kubelet_gpu1_node(name, pods);
+    let cdir = s.join("containerd");
+    let config = containerd_config(bin, &cdir, &["gpufence"]);
+    let c = start_containerd(bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    (s, node, cdir, config, c)
+}
+
 /// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device
 /// plugin's env, `memory` of quota.
 fn gpu1_request(memory: &str, image: &str) -> serde_json::Value {
@@ -692,22 +726,11 @@ fn nri_enforces_the_plan() {
     if common::skip_unless(&["gcc"]) {
         return;
     }
-    let s = common::scratch("nri-plan");
-    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
-    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
-    checkpoint_granting_gpu1(&checkpoint, &["gpu-pod", "shim-pod", "long-pod", "new-pod"]);
-    let node = runtime_support::node(
-        &s,
-        2,
-        &[(
-            "kubelet.checkpoint",
-            toml_edit::value(checkpoint.display().to_string()),
-        )],
+    let (s, node, cdir, _, c) = gpu1_node(
+        &bin,
+        "nri-plan",
+        &["gpu-pod", "shim-pod", "long-pod", "new-pod"],
     );
-    let cdir = s.join("containerd");
-    let config = containerd_config(&bin, &cdir, &["gpufence"]);
-    let c = start_containerd(&bin, &cdir, &config);
-    cri_support::import_image(&s, &c);
     // A glibc image with the mock CUDA client (tests/fixtures/cuda_client.c).
     let rootfs = common::glibc_rootfs(&s.join("image-src-cuda"));
     let ubin = rootfs.join("usr/local/bin");
@@ -981,18 +1004,7 @@ fn runtime_handler_on_containerd_2_3() {
     let Some((bin, py)) = prerequisites() else {
         return;
     };
-    let s = common::scratch("cri23-handler");
-    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
-    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
-    checkpoint_granting_gpu1(&checkpoint, &["gpu-pod"]);
-    let node = runtime_support::node(
-        &s,
-        2,
-        &[(
-            "kubelet.checkpoint",
-            toml_edit::value(checkpoint.display().to_string()),
-        )],
-    );
+    let (s, node) = kubelet_gpu1_node("cri23-handler", &["gpu-pod"]);
     let cdir = s.join("containerd");
     let config = containerd_config(&bin, &cdir, &[]);
     cri_support::configure_handler(&node.config, &config, &s.join("records"));
@@ -1053,4 +1065,184 @@ fn runtime_handler_on_containerd_2_3() {
         "{:?}",
         state_dirs(&node.state_dir)
     );
+}
+
+/// The container a kubelet would create for a GPU pod (kubelet's record grants GPU 1 and the
+/// device plugin's Allocate hands over its node, CRI `devices`), whose command probes the GPU
+/// every 50 ms — `<uptime> ENXIO` while the device cgroup allows it, `EPERM` once denied — and
+/// says `survived` if it is still unfenced after ~20 s. Its client runs on a thread.
+fn probing_gpu_pod(
+    py: &Path,
+    c: &Containerd,
+    s: &Path,
+    node: &runtime_support::Node,
+    name: &str,
+) -> std::thread::JoinHandle<serde_json::Value> {
+    let script = r#"probe() { out=$(dd if="$1" of=/dev/null bs=1 count=1 2>&1); case "$out" in
+  *"No such device or address"*) echo ENXIO;; *"Operation not permitted"*) echo EPERM;; *) echo "OTHER:$out";; esac; }
+i=0; while [ $i -lt 300 ]; do r=$(probe /dev/nvidia1); echo "t=$(cut -d' ' -f1 /proc/uptime) $r"
+  [ "$r" = EPERM ] && { echo fenced; exit 0; }; sleep 0.05; i=$((i+1)); done; echo survived"#;
+    let dev = node.dir.join("dev/nvidia1").display().to_string();
+    let mut req = serde_json::json!({
+        "socket": c.sock, "handler": "", "dir": s, "name": name,
+        "command": ["/bin/sh", "-c", script], "timeout": 90,
+        "started_file": s.join(format!("{name}.started")),
+        "devices": [{"host": dev, "container": "/dev/nvidia1", "permissions": "rw"}],
+    });
+    for (k, v) in gpu1_request("1Gi", "localhost/pause:test")
+        .as_object()
+        .unwrap()
+    {
+        req[k] = v.clone();
+    }
+    let py = py.to_path_buf();
+    std::thread::spawn(move || cri_support::client(&py, &req))
+}
+
+/// Now, in ns since the epoch (CRI's clock for `finished_at`).
+fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_nanos()).unwrap()
+}
+
+/// Wait until pod `name`'s container has opened its GPU unfenced (an ENXIO line in its log)
+/// and its StartContainer call has returned.
+fn wait_unfenced(s: &Path, name: &str) {
+    let log = s.join("pod-logs").join(name).join("app.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("ENXIO"))
+        || !s.join(format!("{name}.started")).exists()
+    {
+        assert!(Instant::now() < deadline, "{name}: never ran unfenced");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Seconds from `from` (ns since the epoch) to the container's end, once it is known to be
+/// fenced: stopped (SIGKILL, exit 137) or answered EPERM; after that no open of its GPU
+/// succeeds.
+fn fenced_within(r: &serde_json::Value, from: i64) -> f64 {
+    assert_eq!(r["stage"], "done", "{r}");
+    let log = r["log"].as_str().unwrap();
+    assert!(!log.contains("survived"), "still unfenced after ~20 s: {r}");
+    assert!(
+        r["exit_code"] == 137 || log.contains("fenced"),
+        "neither stopped nor denied: {r}"
+    );
+    let end = r["finished_at"].as_i64().unwrap();
+    (end - from) as f64 / 1e9
+}
+
+fn signal(p: &NriProcess, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), sig).unwrap();
+}
+
+/// The windows NRI leaves (docs/nri.md), closed after the fact: a GPU container created while
+/// the plugin was stopped past NRI's request timeout (NRI drops it and creates the container
+/// unadjusted, the validator passing) is stopped by the plugin at its next Synchronize — when it
+/// runs again, when it is killed and started again, and when it reconnects to a restarted
+/// containerd. Each bound (from the event — the plugin let run, started again, containerd
+/// started again — to the container's end as CRI reports it) is printed and held under 5 s;
+/// each is counted (`unfenced`) and logged in one line.
+#[test]
+fn nri_fences_after_the_fact_what_was_created_without_it() {
+    use nix::sys::signal::Signal;
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let pods = [
+        "late-resumed",
+        "late-restarted",
+        "late-containerd",
+        "fenced-pod",
+    ];
+    let (s, node, cdir, config, c) = gpu1_node(&bin, "nri-fence", &pods);
+    let nri_sock = cdir.join("nri.sock");
+    let nri_log = s.join("nri.stderr");
+    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    wait_registered(&node.log, 1);
+    let mut bounds = Vec::new();
+
+    // 1. Stopped past NRI's timeout while the pod is created, then let run again.
+    signal(&plugin, Signal::SIGSTOP);
+    let late = probing_gpu_pod(&py, &c, &s, &node, "late-resumed");
+    wait_unfenced(&s, "late-resumed");
+    let t0 = now_ns();
+    signal(&plugin, Signal::SIGCONT);
+    bounds.push(("resumed", fenced_within(&late.join().unwrap(), t0)));
+
+    // 2. Stopped past the timeout, then killed and started again.
+    signal(&plugin, Signal::SIGSTOP);
+    let late = probing_gpu_pod(&py, &c, &s, &node, "late-restarted");
+    wait_unfenced(&s, "late-restarted");
+    drop(plugin);
+    let t0 = now_ns();
+    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    bounds.push((
+        "killed, restarted",
+        fenced_within(&late.join().unwrap(), t0),
+    ));
+
+    // 3. Stopped past the timeout; containerd restarts; the plugin reconnects to it.
+    wait_registered(&node.log, 3);
+    signal(&plugin, Signal::SIGSTOP);
+    let late = probing_gpu_pod(&py, &c, &s, &node, "late-containerd");
+    wait_unfenced(&s, "late-containerd");
+    drop(c);
+    signal(&plugin, Signal::SIGCONT);
+    let t0 = now_ns();
+    let c = start_containerd(&bin, &cdir, &config);
+    bounds.push((
+        "containerd restarted",
+        fenced_within(&late.join().unwrap(), t0),
+    ));
+    for (what, b) in &bounds {
+        eprintln!("after the fact ({what}): the unfenced GPU container ended {b:.2} s after");
+    }
+    assert!(bounds.iter().all(|(_, b)| *b < 5.0), "{bounds:?}");
+
+    // A GPU pod gpufence fenced at creation is left alone by the check at PostStartContainer
+    // (nri_enforces_the_plan: and by the Synchronize of a plugin restart while it runs).
+    wait_registered(&node.log, 4);
+    let r = pod(
+        &py,
+        &c,
+        &s,
+        "fenced-pod",
+        "sleep 2; echo alive",
+        gpu1_request("1Gi", "localhost/pause:test"),
+    );
+    assert_eq!(
+        (r["stage"].as_str(), r["exit_code"].as_i64()),
+        (Some("done"), Some(0)),
+        "{r}"
+    );
+
+    // Each one line and counted.
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("NRI: unfenced GPU container stopped"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert!(
+        lines.iter().all(|l| l.contains("/dev/nvidia1")),
+        "{lines:?}"
+    );
+    let counted = gpufence::status::refusals::read(&node.state_dir)
+        .into_iter()
+        .find(|(r, _)| r.as_str() == "unfenced")
+        .map(|(_, n)| n);
+    assert_eq!(counted, Some(3));
+    let (code, ps, err) = common::run(
+        Command::new(common::bin("gpufence"))
+            .arg("--config")
+            .arg(&node.config)
+            .arg("ps"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(ps.contains("3 GPU container(s) found unfenced"), "{ps}");
+    drop(plugin);
 }

@@ -12,6 +12,8 @@
 //! * [`plugin`] — connect (socket or the fd a runtime hands a pre-registered plugin), register,
 //!   serve, reconnect with backoff;
 //! * [`handler`] — the handler the CLI builds from gpufence's configuration;
+//! * [`fence`] — the after-the-fact fence: containers that reach a GPU without gpufence's
+//!   fence (created while NRI had dropped the plugin), found at Synchronize and PostStart;
 //! * [`cli`] — `gpufence nri [--socket PATH] [--name NAME] [--index NN]`.
 //!
 //! The NRI API is containerd/nri v0.12.0 (`proto/nri/api.proto`); see `docs/nri.md`.
@@ -19,6 +21,7 @@
 pub mod adjust;
 pub mod cli;
 pub mod conn;
+pub mod fence;
 pub mod handler;
 pub mod mux;
 pub mod plugin;
@@ -26,7 +29,7 @@ pub mod request;
 pub mod service;
 pub mod ttrpc;
 
-pub use handler::{Gone, Handler};
+pub use handler::{Gone, Handler, Runtime};
 pub use plugin::{Plugin, PluginConfig, Stopper, Transport};
 
 /// The NRI API (containerd/nri v0.12.0, package `nri.pkg.api.v1alpha1`) and the ttrpc envelope,
