@@ -114,6 +114,7 @@ fuzz: demo-deps
 
 lint: lint-deps
 	python3 scripts/layers.py
+	python3 scripts/doc_links.py
 	python3 scripts/fn_length.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check

@@ -113,7 +113,7 @@ demo() {
   wait "$pid" || { echo "Rust toolchain / crates / build failed ($log):" >&2; tail -40 "$log" >&2; exit 1; }
   trap - EXIT
   rm -f "$ready"
-  # where a fresh machine's minutes go (the README's newcomer figures)
+  # where a fresh machine's minutes go (docs/performance.md's newcomer figures)
   echo ">> apt-get: compiler by ${t_tools} s, the rest by ${t_apt} s; beside it the toolchain by" \
     "$(sed -n 's/^toolchain //p' "$log") s, the crates by $(sed -n 's/^crates //p' "$log") s${build:+, the build by $(sed -n 's/^build //p' "$log") s}"
 }

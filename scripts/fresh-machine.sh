@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Times make targets on a fresh Debian 12, as the README's newcomer figures were taken (root):
+# Times make targets on a fresh Debian 12, as docs/performance.md's newcomer figures were taken (root):
 #   scripts/fresh-machine.sh DIR 'make demo' 'make demo'     # each command timed, in order
 #   scripts/fresh-machine.sh DIR 'make test'                 # again in the machine DIR holds
 #   scripts/fresh-machine.sh --clean DIR                     # unmount and remove DIR

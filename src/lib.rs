@@ -21,34 +21,24 @@
 //!    (`ps`, exporter), [`install`],
 //!    [`sim`] (the simulated node).
 //!
-//! The contract (commands, annotations, config keys, quota environment) is the project's
-//! `DESIGN.md`; side effects live at the edges, the middle is unit-testable.
+//! The contract (commands, annotations, config keys, quota environment) is docs/contract.md;
+//! side effects live at the edges, the middle is unit-testable.
 
-pub mod allocation;
-pub mod backend;
-pub mod cdi;
 pub mod cdigen;
-pub mod cgroup;
-pub mod child;
-pub mod config;
-pub mod driverlimits;
-pub mod enter;
-pub mod exit;
-pub mod fnv;
-pub mod fsutil;
 pub mod hook;
-pub mod hostfiles;
 pub mod install;
-pub mod inventory;
-pub mod kubelet;
-pub mod ldso;
-pub mod logging;
-pub mod mps;
 pub mod nri;
-pub mod plan;
-pub mod quantity;
-pub use gpufence_format::quota;
 pub mod runtime;
 pub mod sim;
 pub mod status;
-pub mod text;
+
+// The decision (crates/core), re-exported so that every module keeps its path.
+pub use gpufence_core::{
+    allocation, backend, cdi, child, config, exit, fnv, fsutil, inventory, kubelet, ldso, logging,
+    mps, plan, quantity, quota, text,
+};
+
+// The node mechanisms (crates/node), likewise.
+pub use gpufence_node::{cgroup, driverlimits, enter, hostfiles, state};
+
+pub mod commands;

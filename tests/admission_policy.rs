@@ -334,7 +334,8 @@ fn the_policy_is_a_v1_fail_closed_policy_on_pod_create_and_update_with_a_deny_bi
     assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
     assert_eq!(vap["spec"]["failurePolicy"], "Fail");
     assert!(vap["spec"].get("paramKind").is_none());
-    // README "Trust model" tells operators to patch /spec/variables/0/expression.
+    // docs/allocations-and-trust.md ("Apply it") tells operators to patch
+    // /spec/variables/0/expression.
     assert_eq!(
         vap["spec"]["variables"][0]["name"],
         "allowedServiceAccounts"

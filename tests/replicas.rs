@@ -110,7 +110,7 @@ fn one_of_four_is_a_quarter_with_burst() {
     assert_eq!(q.devices[0].cores, Some(25));
     assert!(q.cores_burst);
     // gpufence plan, text and JSON.
-    let text = gpufence::plan::cli::render(&p);
+    let text = gpufence::commands::plan::render(&p);
     assert!(
         text.contains(&format!(
             "replica 1 of 4 of {} (nvidia.com/gpu) → 20 GiB, 25 % burst",
@@ -233,7 +233,7 @@ fn renamed_resource_next_to_whole_gpus() {
         rows(&p),
         vec![(GPU1, Some(40 * GIB), Some(50), Some((1, 2)))]
     );
-    let text = gpufence::plan::cli::render(&p);
+    let text = gpufence::commands::plan::render(&p);
     assert!(
         text.contains("(nvidia.com/gpu.shared) → 40 GiB, 50 % burst"),
         "{text}"

@@ -7,7 +7,7 @@
 //! libgpufence.so and is held to a quarter of the GPU's memory (an allocation beyond it refused,
 //! `cuMemGetInfo` showing the quarter) and a quarter of its compute, `burst` by default: alone
 //! it uses the idle GPU, together each is back to its share. The split is printed (run with
-//! `--nocapture`) for the README.
+//! `--nocapture`) for docs/sharing.md.
 //!
 //! containerd 1.6 (Debian) with the `gpufence` runtime handler written by `gpufence runtime
 //! configure`; `gpufence-runtime` then runs runc 1.5.1 from shared/engines/bin where it is found

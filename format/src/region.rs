@@ -23,8 +23,9 @@
 //! overwrite it: the header's totals are a fast path, not the truth. A charge that passes the
 //! header is checked against the sum of the live slots too (the first `slots_hwm`, at least up
 //! to our own), so zeroing the header does not lift the quota; a process that also zeroes the
-//! other processes' slots can, which no preloaded library can prevent (see the README: hard
-//! isolation against a hostile tenant needs the driver backend or MIG).
+//! other processes' slots can, which no preloaded library can prevent (see
+//! docs/allocations-and-trust.md: hard isolation against a hostile tenant needs the driver
+//! backend or MIG).
 
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -21,12 +21,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// What the node has: GPUs, MIG devices, device nodes, driver files by capability.
-    Inventory(gpufence::inventory::cli::Args),
+    Inventory(gpufence::commands::inventory::Args),
     /// Describe the node's GPUs as a CDI spec.
     #[command(subcommand)]
     Cdi(gpufence::cdigen::cli::Cmd),
     /// Dry run: the normalised allocation and the edits the runtime would make.
-    Plan(gpufence::plan::cli::Args),
+    Plan(gpufence::commands::plan::Args),
     /// OCI hook entry points for CRI-O / podman hooks.d.
     #[command(subcommand)]
     Hook(gpufence::hook::cli::Cmd),
@@ -39,7 +39,7 @@ enum Cmd {
     /// Take back what `install` did: the engine's files byte-for-byte, gpufence's files.
     Uninstall(gpufence::install::cli::Args),
     /// Run as an NRI plugin of containerd / CRI-O: the plan as each container's adjustment.
-    Nri(gpufence::nri::cli::Args),
+    Nri(gpufence::commands::nri::Args),
     /// GPU containers on this node: pod, devices, memory used / quota / peak, refusals.
     Ps(gpufence::status::ps::Args),
     /// Prometheus metrics of this node's GPU containers on /metrics.
@@ -51,14 +51,14 @@ fn main() {
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     let r = match cli.cmd {
-        Cmd::Inventory(a) => gpufence::inventory::cli::run(config, a),
+        Cmd::Inventory(a) => gpufence::commands::inventory::run(config, a),
         Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
-        Cmd::Plan(a) => gpufence::plan::cli::run(config, a),
+        Cmd::Plan(a) => gpufence::commands::plan::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
         Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
         Cmd::Install(a) => gpufence::install::cli::install(a),
         Cmd::Uninstall(a) => gpufence::install::cli::uninstall(a),
-        Cmd::Nri(a) => gpufence::nri::cli::run(config, a),
+        Cmd::Nri(a) => gpufence::commands::nri::run(config, a),
         Cmd::Ps(a) => gpufence::status::ps::run(config, a),
         #[cfg(feature = "exporter")]
         Cmd::Exporter(a) => gpufence::status::exporter::run(config, a),

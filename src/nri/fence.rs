@@ -38,14 +38,6 @@ pub struct Reach {
     pub via: String,
 }
 
-/// NRI's container states gpufence fences: created (fenced when it starts, its pid then known)
-/// and running.
-pub fn is_live(ctr: &Container) -> bool {
-    use super::api::ContainerState;
-    ctr.state == ContainerState::ContainerCreated as i32
-        || ctr.state == ContainerState::ContainerRunning as i32
-}
-
 /// Every way `ctr` reaches a device of one of `majors`: its spec's character device nodes,
 /// then what its device-cgroup rules (in order, as runc applies them) leave allowed for reading
 /// or writing.

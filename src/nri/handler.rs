@@ -2,56 +2,12 @@
 //! refusal), and word of containers that are gone. [`from_config`] builds the handler
 //! `gpufence nri` runs.
 
-use super::api::{Container, ContainerAdjustment, ContainerUpdate, PodSandbox};
+use super::api::{Container, ContainerAdjustment, PodSandbox};
 use std::collections::BTreeSet;
 
 use crate::config::Config;
 use crate::exit::Reason;
-
-/// Why a container is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gone {
-    /// StopContainer: its processes were stopped; it may still be removed later.
-    Stopped,
-    /// RemoveContainer: it no longer exists (what `gpufence-runtime delete` sees).
-    Removed,
-}
-
-/// The plugin's decisions. Called from one thread per request, concurrently.
-pub trait Handler: Send + Sync {
-    /// The adjustment for container `ctr` of pod `pod` being created; `Err(reason)` refuses the
-    /// container: the CreateContainer call fails with `reason` (one line), which the runtime
-    /// reports to its CRI client.
-    fn create_container(
-        &self,
-        pod: &PodSandbox,
-        ctr: &Container,
-    ) -> Result<ContainerAdjustment, String>;
-
-    /// Container `id` stopped or was removed (clean what creating it left behind).
-    fn container_gone(&self, id: &str, why: Gone);
-
-    /// Container `ctr` started (its init pid in `ctr.pid`). Default: nothing to do.
-    fn container_started(&self, _pod: &PodSandbox, _ctr: &Container) {}
-
-    /// The runtime's pods and containers when the plugin (re)connects (all Synchronize parts
-    /// together). Default: nothing to do.
-    fn synchronize(&self, _pods: &[PodSandbox], _containers: &[Container]) {}
-
-    /// After the fact: container `ctr` (created or running; listed at Synchronize, or just
-    /// started) may have been created without the plugin. Called off the runtime's request
-    /// path, with `rt` to call the runtime back. Default: nothing to do.
-    fn after_the_fact(&self, _rt: &dyn Runtime, _pod: &PodSandbox, _ctr: &Container) {}
-}
-
-/// The runtime's side of the connection, for the calls a handler makes itself.
-pub trait Runtime {
-    /// NRI's `UpdateContainers`: the updates the runtime reports it could not apply.
-    fn update_containers(
-        &self,
-        update: Vec<ContainerUpdate>,
-    ) -> Result<Vec<ContainerUpdate>, String>;
-}
+pub use gpufence_nri_stub::{Gone, Handler, Runtime};
 
 /// The handler `gpufence nri` runs, from gpufence's configuration. The inventory cache is
 /// warmed here (NVML is initialised, if at all, at start — not on a container's create path).
@@ -335,7 +291,7 @@ impl Handler for PlanHandler {
     }
 
     fn after_the_fact(&self, rt: &dyn Runtime, pod: &PodSandbox, ctr: &Container) {
-        if !super::fence::is_live(ctr) {
+        if !super::service::is_live(ctr) {
             return;
         }
         let majors = self.gpu_majors(false);
@@ -415,7 +371,7 @@ mod tests {
 
     /// One GPU whose device nodes are the host's /dev/null (real numbers for the restat).
     fn one_gpu(_: &Config) -> Result<Inventory, String> {
-        let mut inv = crate::plan::tests::inv();
+        let mut inv = gpufence_core::testing::inv();
         for n in inv
             .gpus
             .iter_mut()

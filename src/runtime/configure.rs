@@ -29,7 +29,8 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
 ];
 
 /// The line `configure` prints about the node's trust mode: what the allow-listed annotations
-/// it passes into containers are worth (`allocation.trust-annotations`, README "Trust model").
+/// it passes into containers are worth (`allocation.trust-annotations`,
+/// docs/allocations-and-trust.md).
 pub fn trust_mode_line(cfg: &crate::config::Config) -> String {
     use crate::config::TrustAnnotations;
     let from = cfg

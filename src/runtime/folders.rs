@@ -152,7 +152,7 @@ mod tests {
     use crate::inventory::Inventory;
     use crate::plan::Plan;
     use crate::plan::folders::fold;
-    use crate::plan::folders::tests::node;
+    use gpufence_core::testing::folder_node as node;
 
     fn host_node(d: &Path) -> (Inventory, Plan) {
         let (inv, plan) = node(&d.join("driver").display().to_string());

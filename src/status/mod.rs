@@ -8,8 +8,8 @@
 #[cfg(feature = "exporter")]
 pub mod exporter;
 pub use gpufence_format::human;
-pub mod meta;
 pub mod ps;
 pub mod read;
-pub mod refusals;
 pub mod region;
+// the state writer (crates/node), under the paths its readers have always used
+pub use crate::state::{meta, refusals};

@@ -1,4 +1,4 @@
-//! The simulated node description (`GPUFENCE_MOCK_NODE`, format in DESIGN.md), shared by the
+//! The simulated node description (`GPUFENCE_MOCK_NODE`, format in docs/contract.md), shared by the
 //! mock NVML and the mock CUDA driver.
 //!
 //! Lookup order: `$GPUFENCE_MOCK_NODE`; else `gpufence-mock-node.json` beside the mock library

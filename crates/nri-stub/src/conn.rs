@@ -1,4 +1,4 @@
-//! One live NRI connection: a reader thread demultiplexes the socket ([`super::mux`]); requests
+//! One live NRI connection: a reader thread demultiplexes the socket ([`crate::mux`]); requests
 //! the runtime sends on the plugin connection are each served on their own thread (one slow or
 //! failing request never holds up the next), and answers to the plugin's own calls on the
 //! runtime connection are handed to the waiting caller. Writes are serialised by a lock and
@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use prost::Message;
 
-use super::api::ttrpc as pb;
-use super::mux::{self, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::ttrpc::{self, Decoder, Event, code};
+use crate::api::ttrpc as pb;
+use crate::mux::{self, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::ttrpc::{self, Decoder, Event, code};
 
 /// Requests served at once; more are answered RESOURCE_EXHAUSTED at once rather than queued.
 pub const MAX_IN_FLIGHT: usize = 64;

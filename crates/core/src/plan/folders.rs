@@ -50,7 +50,7 @@ pub enum FolderError {
     Unsafe { path: PathBuf, why: &'static str },
 }
 
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
+pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
     move |source| FolderError::Io {
         path: path.to_path_buf(),
         source,
@@ -441,111 +441,9 @@ impl Folding {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::inventory::Capability;
-
-    fn file(host: &str, container: &str, kind: FileKind, soname: Option<&str>) -> DriverFile {
-        DriverFile {
-            host_path: PathBuf::from(host),
-            container_path: container.to_string(),
-            kind,
-            capability: Capability::Compute,
-            soname: soname.map(str::to_string),
-        }
-    }
-
-    fn bind(f: &DriverFile, opts: &[&str]) -> MountEdit {
-        MountEdit {
-            host_path: f.host_path.display().to_string(),
-            container_path: f.container_path.clone(),
-            kind: None,
-            options: opts.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
-    const L: &str = "/usr/lib/x86_64-linux-gnu";
-
-    /// A node's driver files under `root` and a plan binding all of them (plus the shim).
-    pub(crate) fn node(root: &str) -> (Inventory, Plan) {
-        let files = vec![
-            file(
-                &format!("{root}/cuda"),
-                &format!("{L}/libcuda.so.580"),
-                FileKind::Library,
-                Some("libcuda.so.1"),
-            ),
-            file(
-                &format!("{root}/ml"),
-                &format!("{L}/libnvidia-ml.so.580"),
-                FileKind::Library,
-                Some("libnvidia-ml.so.1"),
-            ),
-            file(
-                &format!("{root}/json"),
-                &format!("{L}/node.json"),
-                FileKind::Config,
-                None,
-            ),
-            file(
-                &format!("{root}/timeline"),
-                &format!("{L}/timeline"),
-                FileKind::DeviceState,
-                None,
-            ),
-            file(
-                &format!("{root}/cuda32"),
-                "/usr/lib/i386-linux-gnu/libcuda.so.580",
-                FileKind::Library,
-                Some("libcuda.so.1"),
-            ),
-            file(
-                &format!("{root}/smi"),
-                "/usr/bin/nvidia-smi",
-                FileKind::Binary,
-                None,
-            ),
-            file(
-                &format!("{root}/gsp1"),
-                "/lib/firmware/nvidia/580/gsp_a.bin",
-                FileKind::Firmware,
-                None,
-            ),
-            file(
-                &format!("{root}/gsp2"),
-                "/lib/firmware/nvidia/580/gsp_b.bin",
-                FileKind::Firmware,
-                None,
-            ),
-            file(
-                &format!("{root}/sock"),
-                "/run/nvidia-persistenced/socket",
-                FileKind::Socket,
-                None,
-            ),
-        ];
-        let mut plan = Plan::default();
-        plan.edits.mounts = files
-            .iter()
-            .map(|f| match f.kind {
-                FileKind::DeviceState => bind(f, &crate::plan::RW_STATE_BIND),
-                _ => bind(f, &RO_BIND),
-            })
-            .collect();
-        plan.edits.mounts.insert(
-            2,
-            MountEdit {
-                host_path: "/opt/shim.so".into(),
-                container_path: "/usr/lib/gpufence/libgpufence.so".into(),
-                kind: None,
-                options: RO_BIND.iter().map(|s| s.to_string()).collect(),
-            },
-        );
-        let mut inv = Inventory::empty();
-        inv.driver_version = "580.65.06".into();
-        inv.driver_files = files;
-        (inv, plan)
-    }
+    use crate::testing::{L, bind, file, folder_node as node};
 
     #[test]
     fn folds_libraries_binaries_and_firmware_of_their_main_folders() {

@@ -1,7 +1,7 @@
 //! NRI's connection multiplexer (containerd/nri `pkg/net/multiplex`): one socket carries several
 //! logical connections as frames of an 8-byte header — connection id (u32, big-endian), payload
 //! length (u32, big-endian) — and the payload. Each logical connection is a byte stream (here:
-//! ttrpc messages, [`super::ttrpc`]). Connection 1 carries the Plugin service (the runtime is
+//! ttrpc messages, [`crate::ttrpc`]). Connection 1 carries the Plugin service (the runtime is
 //! the ttrpc client, the plugin serves); connection 2 the Runtime service (the plugin is the
 //! client). Id 0 is reserved; frames for other ids are dropped, as NRI's own mux does.
 
@@ -16,7 +16,7 @@ pub const RUNTIME_SERVICE_CONN: u32 = 2;
 pub const HEADER_LEN: usize = 8;
 /// Largest frame payload NRI writes (`maxPayloadSize`: one ttrpc header and message); larger
 /// frames are a protocol error.
-pub const MAX_PAYLOAD: usize = super::ttrpc::HEADER_LEN + super::ttrpc::MAX_DATA;
+pub const MAX_PAYLOAD: usize = crate::ttrpc::HEADER_LEN + crate::ttrpc::MAX_DATA;
 /// Largest payload gpufence puts in one frame. NRI's Go side reads each sub-connection through
 /// a 4096-byte `bufio.Reader`, and its mux refuses (ENOMEM) a frame larger than the buffer it
 /// is asked to fill: frames of at most 4096 bytes always fit, whatever the reader's position.

@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 
 mod cache;
-pub mod cli;
 pub mod files;
 mod gpus;
 pub mod limits;

@@ -2,7 +2,7 @@
 //! order of `setns`, capability drops, device nodes and mounts is unit-tested without root:
 //! [`LinuxNs`] makes the calls, [`RecordingNs`] records them (and can fail one), as youki's
 //! `libcontainer/src/syscall/` does. The policy — what to create, in which order, what to refuse —
-//! stays with the caller ([`crate::hook::apply`]).
+//! stays with the caller (the hook applier (`gpufence hook`)).
 
 use std::cell::RefCell;
 use std::os::fd::OwnedFd;

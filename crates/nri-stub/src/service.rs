@@ -1,5 +1,5 @@
 //! The Plugin service (NRI's `service Plugin`): each request decoded, handed to the
-//! [`Handler`], its answer encoded. Pure of I/O: [`super::conn`] calls [`Service::call`] on a
+//! [`Handler`], its answer encoded. Pure of I/O: [`crate::conn`] calls [`Service::call`] on a
 //! thread of its own for each request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,10 +8,18 @@ use std::time::Duration;
 
 use prost::Message;
 
-use super::api;
-use super::conn::Status;
-use super::handler::{Gone, Handler};
-use super::ttrpc::code;
+use crate::api;
+use crate::conn::Status;
+use crate::handler::{Gone, Handler};
+use crate::ttrpc::code;
+
+/// NRI's container states a plugin may still have to act on: created (started later, its pid
+/// then known) and running.
+pub fn is_live(ctr: &api::Container) -> bool {
+    use api::ContainerState;
+    ctr.state == ContainerState::ContainerCreated as i32
+        || ctr.state == ContainerState::ContainerRunning as i32
+}
 
 /// The ttrpc service name of NRI's Plugin service.
 pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -190,7 +198,7 @@ impl Service {
             // Every live container, checked after this answer (NRI holds its lock until then).
             let checks: Vec<Check> = containers
                 .into_iter()
-                .filter(super::fence::is_live)
+                .filter(is_live)
                 .map(|c| {
                     let pod = pods.iter().find(|p| p.id == c.pod_sandbox_id);
                     (pod.cloned().unwrap_or_default(), c)

@@ -4,9 +4,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::plugin::{Plugin, PluginConfig, Transport};
-use super::{DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, NriError};
 use crate::exit::Exit;
+use crate::nri::plugin::{Plugin, PluginConfig, Transport};
+use crate::nri::{DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, NriError};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -37,7 +37,7 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     let transport =
         transport(args.socket, std::env::var(ENV_SOCKET).ok()).map_err(Exit::invalid)?;
     tracing::info!(name = %args.name, index = %args.index, ?transport, "NRI: gpufence nri starting");
-    let handler = Arc::new(super::handler::from_config(cfg));
+    let handler = Arc::new(crate::nri::handler::from_config(cfg));
     let plugin = Plugin::new(
         PluginConfig {
             transport,

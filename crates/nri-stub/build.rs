@@ -1,16 +1,10 @@
 //! Generates Rust types from the vendored protobuf schemas with protox (a protobuf compiler in
 //! Rust, so neither `protoc` nor any system package is needed) and prost-build:
-//! - kubelet's device plugin `ContainerAllocateResponse` (the `AllocResp` of its device-manager
-//!   checkpoint), `proto/deviceplugin/v1beta1/allocate.proto`;
 //! - the NRI API (`proto/nri/api.proto`, containerd/nri v0.12.0) and the ttrpc envelope
 //!   (`proto/ttrpc/ttrpc.proto`) that `gpufence nri` speaks.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: [&str; 3] = [
-        "proto/deviceplugin/v1beta1/allocate.proto",
-        "proto/nri/api.proto",
-        "proto/ttrpc/ttrpc.proto",
-    ];
+    const PROTOS: [&str; 2] = ["proto/nri/api.proto", "proto/ttrpc/ttrpc.proto"];
     for p in PROTOS {
         println!("cargo:rerun-if-changed={p}");
     }

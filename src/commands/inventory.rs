@@ -2,9 +2,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{Capability, Inventory};
 use crate::config::Config;
 use crate::exit::Exit;
+use crate::inventory::{Capability, Inventory};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -20,9 +20,9 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     let cfg = Config::load(config)?;
     crate::logging::init(&cfg);
     if args.refresh {
-        let _ = std::fs::remove_file(cfg.state_dir.join(super::CACHE_FILE));
+        let _ = std::fs::remove_file(cfg.state_dir.join(crate::inventory::CACHE_FILE));
     }
-    let inv = super::load(&cfg)?;
+    let inv = crate::inventory::load(&cfg)?;
     let out = if args.json {
         let mut s = serde_json::to_string_pretty(&inv).expect("inventory serialises");
         s.push('\n');

@@ -108,7 +108,7 @@ pub fn read(state_dir: &Path) -> Vec<(Reason, u64)> {
         .and_then(|d| {
             let flags = nix::fcntl::ResolveFlag::RESOLVE_BENEATH
                 | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS;
-            super::read::read_bounded(&d, FILE_NAME, flags, SIZE).ok()
+            super::open::read_bounded(&d, FILE_NAME, flags, SIZE).ok()
         })
         .unwrap_or_default();
     decode(&bytes)

@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use prost::Message;
 
-use super::conn::{Conn, Serve};
-use super::handler::{Handler, Runtime};
-use super::service::{Check, RUNTIME_SERVICE, Service};
-use super::{NRI_VERSION, NriError, api};
+use crate::conn::{Conn, Serve};
+use crate::handler::{Handler, Runtime};
+use crate::service::{Check, RUNTIME_SERVICE, Service};
+use crate::{NRI_VERSION, NriError, api};
 
 /// How long the runtime gets to answer RegisterPlugin.
 pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,8 +122,8 @@ struct Ended {
 impl Plugin {
     /// A plugin for `handler`; the name and index must be valid for NRI.
     pub fn new(cfg: PluginConfig, handler: Arc<dyn Handler>) -> Result<Plugin, NriError> {
-        super::check_name(&cfg.name)?;
-        super::check_index(&cfg.index)?;
+        crate::check_name(&cfg.name)?;
+        crate::check_index(&cfg.index)?;
         let (socket, inherited) = match cfg.transport {
             Transport::Socket(p) => (Some(p), None),
             Transport::Inherited(fd) => (None, Some(fd)),

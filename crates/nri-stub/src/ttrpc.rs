@@ -5,11 +5,11 @@
 //!
 //! Written here rather than taken from the `ttrpc` crate: that crate's synchronous server only
 //! serves connections it accepts itself on a listening fd, while NRI runs ttrpc over one
-//! sub-connection of a multiplexed socket ([`super::mux`]) that the plugin dialled (or
+//! sub-connection of a multiplexed socket ([`crate::mux`]) that the plugin dialled (or
 //! inherited); and the crate brings a second protobuf library (rust-protobuf) beside prost.
 //! Unary calls are all NRI uses; the framing is this file.
 
-use super::api::ttrpc as pb;
+use crate::api::ttrpc as pb;
 
 /// Bytes of a message header.
 pub const HEADER_LEN: usize = 10;
@@ -160,7 +160,7 @@ pub fn bounded_message(message: &str) -> String {
     if s.len() <= MAX_ERROR_MESSAGE {
         return s;
     }
-    format!("{}…", crate::text::clip(&s, MAX_ERROR_MESSAGE))
+    format!("{}…", gpufence_core::text::clip(&s, MAX_ERROR_MESSAGE))
 }
 
 fn response(stream_id: u32, code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //!
 //! One plan feeds every output: the runtime applies it to `config.json`, the hook applies it in
 //! the container's namespaces, `gpufence plan` prints it. Its JSON form (`gpufence plan --json`)
-//! is a stable interface documented in the README.
+//! is a stable interface documented in docs/plan-json.md.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +12,6 @@ use crate::cdi::ContainerEdits;
 use crate::quota::Quota;
 
 pub mod cgroup;
-pub mod cli;
 pub mod env;
 pub mod folders;
 pub mod intake;
@@ -518,40 +517,9 @@ pub fn ldcache_hook_folders(h: &crate::cdi::HookEdit) -> Option<Vec<String>> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::inventory::{DeviceNode, Gpu, Inventory};
-
-    /// One GPU (`GPU-a`, /dev/nvidia0) and /dev/nvidiactl; also the NRI handler's fixture.
-    pub(crate) fn inv() -> Inventory {
-        let node = |p: &str, minor| DeviceNode {
-            path: p.to_string(),
-            host_path: p.into(),
-            kind: 'c',
-            major: 195,
-            minor,
-        };
-        Inventory {
-            driver_version: "580.65.06".into(),
-            cuda_driver_version: 12080,
-            gpus: vec![Gpu {
-                index: 0,
-                minor: 0,
-                uuid: "GPU-a".into(),
-                name: "x".into(),
-                memory_bytes: 1 << 34,
-                pci_bus_id: "00000000:01:00.0".into(),
-                compute_capability: (9, 0),
-                mig_enabled: false,
-                mig_capable: false,
-                mig_devices: vec![],
-                node: node("/dev/nvidia0", 0),
-            }],
-            control_nodes: vec![node("/dev/nvidiactl", 255)],
-            driver_files: vec![],
-            memory_limits: Default::default(),
-        }
-    }
+    use crate::testing::inv;
 
     #[test]
     fn container_ids() {

@@ -1,7 +1,7 @@
 //! `/etc/gpufence/config.toml`: the node's policy and where the driver lives.
 //!
-//! Keys are the contract in DESIGN.md; unknown keys are rejected so that a typo never silently
-//! weakens the policy.
+//! Keys are the contract in docs/contract.md; unknown keys are rejected so that a typo never
+//! silently weakens the policy.
 
 use std::path::{Path, PathBuf};
 
