@@ -42,8 +42,12 @@ def main():
         # containerd chrooted into a test's host root).
         log_dir = os.path.join(req["dir"], "pod-logs", name)
         os.makedirs(req.get("root", "") + log_dir, exist_ok=True)
+        # kubelet's identity labels (CRI-O names containers to NRI and hooks.d by them)
+        labels = {"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default",
+                  "io.kubernetes.pod.uid": name + "-uid"}
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
+            labels=labels,
             log_directory=log_dir,
             annotations=req.get("pod_annotations", {}),
             linux=pb.LinuxPodSandboxConfig(
@@ -69,7 +73,9 @@ def main():
 
         ctr_cfg = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="app", attempt=0),
-            image=pb.ImageSpec(image=req["image"]),
+            labels=dict(labels, **{"io.kubernetes.container.name": "app"}),
+            # what kubelet sends (CRI-O refuses a container without the user's image name)
+            image=pb.ImageSpec(image=req["image"], user_specified_image=req["image"]),
             command=req["command"],
             envs=[pb.KeyValue(key=k, value=v) for k, v in req.get("envs", {}).items()],
             annotations=req.get("container_annotations", {}),
