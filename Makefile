@@ -112,8 +112,15 @@ FUZZ_SECONDS ?= 60
 fuzz: demo-deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
 
+# The crates whose files must not import each other in a loop (scripts/import_cycles.py, every
+# crate root under these paths). crates/core, crates/nri-stub, src/, format and mock/{cuda,nvml}
+# still have loops (issue 27): add each here once it has none, and drop the list (the whole
+# repository) when all are clean.
+IMPORT_CYCLES_IN ?= shim crates/node src/bin tests benches build.rs mock/node fuzz
+
 lint: lint-deps
 	python3 scripts/layers.py
+	python3 scripts/import_cycles.py $(IMPORT_CYCLES_IN)
 	python3 scripts/doc_links.py
 	python3 scripts/fn_length.py
 	$(CARGO) fmt --all -- --check

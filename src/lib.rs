@@ -26,7 +26,6 @@
 
 pub mod cdigen;
 pub mod hook;
-pub mod install;
 pub mod nri;
 pub mod runtime;
 pub mod sim;
@@ -35,10 +34,13 @@ pub mod status;
 // The decision (crates/core), re-exported so that every module keeps its path.
 pub use gpufence_core::{
     allocation, backend, cdi, child, config, exit, fnv, fsutil, inventory, kubelet, ldso, logging,
-    mps, plan, quantity, quota, text,
+    mps, plan, quantity, quota, real_runtime, text,
 };
 
 // The node mechanisms (crates/node), likewise.
 pub use gpufence_node::{cgroup, driverlimits, enter, hostfiles, state};
+
+// Engine configuration and install (crates/engines).
+pub use gpufence_engines as engines;
 
 pub mod commands;

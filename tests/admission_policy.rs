@@ -578,7 +578,7 @@ fn the_nri_tolerate_annotation_is_reserved_to_gpufences_namespace() {
 #[test]
 fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation() {
     // Literal `&str` constants in src/allocation that are not pod annotation keys, and why.
-    const NOT_POD_ANNOTATIONS: [(&str, &str); 15] = [
+    const NOT_POD_ANNOTATIONS: [(&str, &str); 17] = [
         ("NVIDIA_VISIBLE_DEVICES", "env (allocation.trust-env)"),
         ("NVIDIA_DRIVER_CAPABILITIES", "env"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "HAMi env"),
@@ -600,9 +600,14 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
         ("gpu-memory.request", "KAI suffix"),
         ("gpu-compute.mode", "KAI suffix"),
         ("kubelet.checkpoint", "a config key, named in errors"),
+        (
+            "CUDA_DEVICE_MEMORY_LIMIT_",
+            "HAMi env in a DRA driver's CDI spec",
+        ),
+        ("linux.devices", "a spec field, named in errors"),
     ];
     let p = policy();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/allocation");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src/allocation");
     let mut literals = Vec::new();
     collect_str_consts(&root, &mut literals);
     // The scan finds the dialects (a move of src/allocation must move this test too).
@@ -671,7 +676,7 @@ fn the_policy_covers_every_pattern_of_the_pod_annotation_allow_list() {
     let p = policy();
     let keys = p.variable("allocationKeys");
     let prefixes = p.variable("allocationKeyPrefixes");
-    for pattern in gpufence::runtime::configure::ANNOTATION_ALLOW_LIST {
+    for pattern in gpufence::allocation::ANNOTATION_ALLOW_LIST {
         let covered = match pattern.strip_suffix('*') {
             Some(stem) => {
                 assert!(

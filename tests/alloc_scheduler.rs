@@ -350,7 +350,7 @@ fn kai_annotations_per_container_name() {
 
 #[test]
 fn configure_passes_the_scheduler_annotations() {
-    let list = gpufence::runtime::configure::ANNOTATION_ALLOW_LIST;
+    let list = gpufence::allocation::ANNOTATION_ALLOW_LIST;
     for k in [
         "hami.io/vgpu-devices-allocated",
         "ALIYUN_COM_GPU_MEM_*",

@@ -104,7 +104,7 @@ fn nri_daemonset_agrees_with_the_cli_and_the_admission_policy() {
     let at = |flag: &str| cmd[cmd.iter().position(|a| a == flag).unwrap() + 1].clone();
     assert_eq!(at("--socket"), gpufence::nri::DEFAULT_SOCKET);
     assert_eq!(at("--name"), "gpufence");
-    assert_eq!(at("--index"), gpufence::runtime::nri_config::PLUGIN_INDEX);
+    assert_eq!(at("--index"), gpufence::config::NRI_PLUGIN_INDEX);
     let mut args = cmd[1..].to_vec();
     let root = args.iter().position(|a| a == "--host-root").unwrap() + 1;
     args[root] = "/nonexistent-gpufence-host".into();

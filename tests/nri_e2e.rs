@@ -962,7 +962,7 @@ fn nri_mode_configuration_loads_in_containerd_2_3() {
     );
 
     // The pre-registered plugin as `install` writes it, in that plugin_path.
-    use gpufence::runtime::nri_config;
+    use gpufence::engines::nri_config;
     let wrapper = cdir
         .join("nri-plugins")
         .join(nri_config::plugin_file("gpufence"));
@@ -1464,7 +1464,7 @@ fn nri_on_crio_1_36() {
     // The pre-registered variant (the wrapper `install` writes): CRI-O starts it itself.
     crio.stop();
     let wrapper = crio.plugin_dir().join("90-gpufence");
-    let text = gpufence::runtime::nri_config::wrapper(&common::bin("gpufence"), &node.config);
+    let text = gpufence::engines::nri_config::wrapper(&common::bin("gpufence"), &node.config);
     std::fs::write(&wrapper, text).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();

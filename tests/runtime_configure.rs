@@ -444,8 +444,8 @@ fn this_machines_runc_is_judged() {
     }
     let (_, version, _) = common::run(Command::new("/usr/sbin/runc").arg("--version"));
     let vulnerable = matches!(
-        gpufence::runtime::vulnerable::judge(&version),
-        gpufence::runtime::vulnerable::Verdict::Vulnerable(_)
+        gpufence::engines::vulnerable::judge(&version),
+        gpufence::engines::vulnerable::Verdict::Vulnerable(_)
     );
     let s = common::scratch("cfg-host-runc");
     let cfg = s.join("gpufence.toml");

@@ -374,6 +374,7 @@ fn dra_claims_back_their_gpus() {
     r.dra_claims = vec![DraClaimRecord {
         claim: "team/train-gpu".into(),
         cdi_device_ids: vec![format!("gpufence.dev/gpu={}", uuid(1))],
+        shared_cdi_ids: vec![],
     }];
     let src = KubeletSource::Record(r.clone());
     let p = plan(
@@ -385,12 +386,14 @@ fn dra_claims_back_their_gpus() {
     assert_eq!(
         granted(&p)[0].2,
         Backing::DraClaim {
-            claim: "team/train-gpu".into()
+            claim: "team/train-gpu".into(),
+            device: Some("/dev/nvidia1".into()),
+            share: None,
         }
     );
     assert_eq!(
         granted(&p)[0].2.to_string(),
-        "kubelet DRA claim team/train-gpu"
+        "kubelet DRA claim team/train-gpu (device /dev/nvidia1)"
     );
     let e = plan(
         &cri(&[("gpufence.dev/devices", "0")], &[], &[]),

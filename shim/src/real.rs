@@ -10,9 +10,11 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::ffi::{Array3dDesc, ArrayDesc, NvmlMemory, NvmlMemoryV2, PropHead, Ptr};
+
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-/// The real `dlsym` (glibc's), published once. Read by the `dlsym` trampoline in lib.rs.
+/// The real `dlsym` (glibc's), published once. Read by the `dlsym` trampoline in exports/dl.rs.
 pub static GPUFENCE_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn null_dlsym(_h: *mut c_void, _n: *const c_char) -> *mut c_void {
@@ -47,7 +49,7 @@ pub fn real_dlsym() -> DlsymFn {
 
 pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
-/// glibc's `dlvsym`, published once. Read by the `dlvsym` trampoline in lib.rs.
+/// glibc's `dlvsym`, published once. Read by the `dlvsym` trampoline in exports/dl.rs.
 pub static GPUFENCE_REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn null_dlvsym(
@@ -249,8 +251,6 @@ macro_rules! reals {
     };
 }
 
-type Ptr = *mut c_void;
-
 reals! {
     cuMemAlloc_v2: Cuda c"cuMemAlloc_v2" fn(*mut u64, usize) -> c_int;
     cuMemAllocPitch_v2: Cuda c"cuMemAllocPitch_v2" fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int;
@@ -262,14 +262,14 @@ reals! {
     cuMemFree_v2: Cuda c"cuMemFree_v2" fn(u64) -> c_int;
     cuMemFreeAsync: Cuda c"cuMemFreeAsync" fn(u64, usize) -> c_int;
     cuMemFreeAsync_ptsz: Cuda c"cuMemFreeAsync_ptsz" fn(u64, usize) -> c_int;
-    cuMemCreate: Cuda c"cuMemCreate" fn(*mut u64, usize, *const crate::PropHead, u64) -> c_int;
+    cuMemCreate: Cuda c"cuMemCreate" fn(*mut u64, usize, *const PropHead, u64) -> c_int;
     cuMemRelease: Cuda c"cuMemRelease" fn(u64) -> c_int;
-    cuArrayCreate_v2: Cuda c"cuArrayCreate_v2" fn(*mut usize, *const crate::ArrayDesc) -> c_int;
-    cuArray3DCreate_v2: Cuda c"cuArray3DCreate_v2" fn(*mut usize, *const crate::Array3dDesc) -> c_int;
-    cuMipmappedArrayCreate: Cuda c"cuMipmappedArrayCreate" fn(*mut usize, *const crate::Array3dDesc, c_uint) -> c_int;
+    cuArrayCreate_v2: Cuda c"cuArrayCreate_v2" fn(*mut usize, *const ArrayDesc) -> c_int;
+    cuArray3DCreate_v2: Cuda c"cuArray3DCreate_v2" fn(*mut usize, *const Array3dDesc) -> c_int;
+    cuMipmappedArrayCreate: Cuda c"cuMipmappedArrayCreate" fn(*mut usize, *const Array3dDesc, c_uint) -> c_int;
     cuArrayDestroy: Cuda c"cuArrayDestroy" fn(usize) -> c_int;
     cuMipmappedArrayDestroy: Cuda c"cuMipmappedArrayDestroy" fn(usize) -> c_int;
-    cuMemPoolCreate: Cuda c"cuMemPoolCreate" fn(*mut usize, *const crate::PropHead) -> c_int;
+    cuMemPoolCreate: Cuda c"cuMemPoolCreate" fn(*mut usize, *const PropHead) -> c_int;
     cuMemPoolDestroy: Cuda c"cuMemPoolDestroy" fn(usize) -> c_int;
     cuDeviceGetDefaultMemPool: Cuda c"cuDeviceGetDefaultMemPool" fn(*mut usize, c_int) -> c_int;
     cuDeviceGetMemPool: Cuda c"cuDeviceGetMemPool" fn(*mut usize, c_int) -> c_int;
@@ -302,8 +302,8 @@ reals! {
     cuDeviceGetCount: Cuda c"cuDeviceGetCount" fn(*mut c_int) -> c_int;
     cuDeviceGetUuid_v2: Cuda c"cuDeviceGetUuid_v2" fn(*mut [u8; 16], c_int) -> c_int;
     cuDeviceGetUuid: Cuda c"cuDeviceGetUuid" fn(*mut [u8; 16], c_int) -> c_int;
-    nvmlDeviceGetMemoryInfo: Nvml c"nvmlDeviceGetMemoryInfo" fn(Ptr, *mut crate::nvml::Memory) -> c_int;
-    nvmlDeviceGetMemoryInfo_v2: Nvml c"nvmlDeviceGetMemoryInfo_v2" fn(Ptr, *mut crate::nvml::MemoryV2) -> c_int;
+    nvmlDeviceGetMemoryInfo: Nvml c"nvmlDeviceGetMemoryInfo" fn(Ptr, *mut NvmlMemory) -> c_int;
+    nvmlDeviceGetMemoryInfo_v2: Nvml c"nvmlDeviceGetMemoryInfo_v2" fn(Ptr, *mut NvmlMemoryV2) -> c_int;
     nvmlDeviceGetUUID: Nvml c"nvmlDeviceGetUUID" fn(Ptr, *mut c_char, c_uint) -> c_int;
     nvmlDeviceGetIndex: Nvml c"nvmlDeviceGetIndex" fn(Ptr, *mut c_uint) -> c_int;
 }

@@ -32,12 +32,12 @@ enum Cmd {
     Hook(gpufence::hook::cli::Cmd),
     /// Register gpufence with a container runtime.
     #[command(subcommand)]
-    Runtime(gpufence::runtime::cli::Cmd),
+    Runtime(gpufence::commands::runtime::Cmd),
     /// Install gpufence on the node whose root is at --host-root: binaries, shim, config if
     /// absent, runtime handler, inventory cache, engine restart (what the installer image runs).
-    Install(gpufence::install::cli::Args),
+    Install(gpufence::commands::install::Args),
     /// Take back what `install` did: the engine's files byte-for-byte, gpufence's files.
-    Uninstall(gpufence::install::cli::Args),
+    Uninstall(gpufence::commands::install::Args),
     /// Run as an NRI plugin of containerd / CRI-O: the plan as each container's adjustment.
     Nri(gpufence::commands::nri::Args),
     /// GPU containers on this node: pod, devices, memory used / quota / peak, refusals.
@@ -55,9 +55,9 @@ fn main() {
         Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
         Cmd::Plan(a) => gpufence::commands::plan::run(config, a),
         Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
-        Cmd::Runtime(c) => gpufence::runtime::cli::run(config, c),
-        Cmd::Install(a) => gpufence::install::cli::install(a),
-        Cmd::Uninstall(a) => gpufence::install::cli::uninstall(a),
+        Cmd::Runtime(c) => gpufence::commands::runtime::run(config, c),
+        Cmd::Install(a) => gpufence::commands::install::install(a),
+        Cmd::Uninstall(a) => gpufence::commands::install::uninstall(a),
         Cmd::Nri(a) => gpufence::commands::nri::run(config, a),
         Cmd::Ps(a) => gpufence::status::ps::run(config, a),
         #[cfg(feature = "exporter")]

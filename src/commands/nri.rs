@@ -18,8 +18,8 @@ pub struct Args {
     #[arg(long, env = ENV_NAME, default_value = "gpufence")]
     pub name: String,
     /// Two-digit plugin index (plugins are called in ascending order; 90: late, see
-    /// `runtime::nri_config::PLUGIN_INDEX`).
-    #[arg(long, env = ENV_INDEX, default_value = crate::runtime::nri_config::PLUGIN_INDEX)]
+    /// `config::NRI_PLUGIN_INDEX`).
+    #[arg(long, env = ENV_INDEX, default_value = crate::config::NRI_PLUGIN_INDEX)]
     pub index: String,
     /// Run inside this directory as the root (chroot) before anything else: the DaemonSet
     /// variant, whose pod mounts the host's `/` there, so that the configuration, state,

@@ -54,7 +54,7 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     let cdi = if args.cdi_dirs.is_empty() {
         CdiSource {
             always: true,
-            ..CdiSource::default()
+            ..CdiSource::of(&cfg)
         }
     } else {
         CdiSource {
@@ -117,6 +117,7 @@ fn origin_name(o: crate::allocation::Origin) -> &'static str {
         crate::allocation::Origin::Kubelet => "env recorded in the kubelet checkpoint",
         crate::allocation::Origin::Env => "env (trust-env = true)",
         crate::allocation::Origin::Mount => "mount",
+        crate::allocation::Origin::Device => "device node in the spec",
     }
 }
 

@@ -34,7 +34,7 @@ pub fn plan(
             other => other.to_string(),
         })
     };
-    match intake(cfg, spec, id, load, &CdiSource::default(), None) {
+    match intake(cfg, spec, id, load, &CdiSource::of(cfg), None) {
         Ok(i) => Ok((i.plan, i.inventory.device_majors(), i.request)),
         Err(IntakeError::Allocation {
             error,

@@ -101,7 +101,7 @@ pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Re
     match enforce_state(&cfg, stage, &st) {
         Ok(()) => Ok(()),
         Err(e) => {
-            use crate::status::refusals::{Reason, count};
+            use crate::state::refusals::{Reason, count};
             let reason = match &e {
                 HookError::Allocation(_) | HookError::Plan(_) => Reason::Allocation,
                 HookError::Inventory(_) => Reason::Inventory,
@@ -164,11 +164,11 @@ fn enforce_state(
     let r = enforce_plan(cfg, st, &rootfs, &plan, &inventory_majors);
     if r.is_ok() {
         let pid = st.pid.and_then(|p| u32::try_from(p).ok());
-        let locator = crate::status::meta::Locator {
+        let locator = crate::state::meta::Locator {
             pid,
             ..Default::default()
         };
-        crate::status::meta::record(&plan, &request.annotations, locator);
+        crate::state::meta::record(&plan, &request.annotations, locator);
     }
     // Fail closed without leftovers: the state directory is ours (id validated, under
     // state-dir); remove_dir_all does not follow symlinks.

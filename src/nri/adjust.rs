@@ -1,5 +1,5 @@
 //! A final [`Plan`] rendered as NRI's [`ContainerAdjustment`] — the NRI counterpart of
-//! [`crate::runtime::apply`]. Pure: the plan, the container as NRI describes it (for what must be
+//! the runtime handler's spec edits (`runtime::apply`). Pure: the plan, the container as NRI describes it (for what must be
 //! removed) and the configuration (the ld-cache hook's command line) in, the adjustment out.
 //!
 //! What the runtime writes into `config.json`, and how NRI (v0.12.0's spec generator) gets the

@@ -68,7 +68,7 @@ impl PlanHandler {
             request,
             id,
             self.load_inventory,
-            &crate::plan::intake::CdiSource::default(),
+            &crate::plan::intake::CdiSource::of(&self.cfg),
             None,
         )
         .map_err(|e| (e.reason(), e.to_string()))?;
@@ -76,7 +76,7 @@ impl PlanHandler {
             return Ok(ContainerAdjustment::default());
         }
         let plan = &intake.plan;
-        crate::runtime::log_decision(id, plan);
+        crate::plan::log_decision(id, plan);
         let adjustment = super::adjust::render(&self.cfg, plan, ctr)
             .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
         if plan.state_dir.is_some() || !plan.host_files.is_empty() {
@@ -88,10 +88,10 @@ impl PlanHandler {
                 };
                 (reason, e.to_string())
             })?;
-            crate::status::meta::record(
+            crate::state::meta::record(
                 plan,
                 &intake.request.annotations,
-                crate::status::meta::Locator::default(),
+                crate::state::meta::Locator::default(),
             );
             // The record alone does not say the runtime applied this answer: NRI drops a plugin
             // that answers late and creates the container without it (the after-the-fact check
@@ -250,7 +250,7 @@ impl Handler for PlanHandler {
                 Ok(adjustment)
             }
             Err((reason, line)) => {
-                crate::status::refusals::count(&self.cfg.state_dir, reason);
+                crate::state::refusals::count(&self.cfg.state_dir, reason);
                 tracing::error!(
                     container = %ctr.id,
                     pod = %pod.name,
@@ -273,12 +273,12 @@ impl Handler for PlanHandler {
             return;
         }
         let dir = self.cfg.container_state_dir(id);
-        let Ok(bytes) = std::fs::read(dir.join(crate::status::meta::FILE_NAME)) else {
+        let Ok(bytes) = std::fs::read(dir.join(crate::state::meta::FILE_NAME)) else {
             return; // no GPU (nothing recorded)
         };
-        let recorded = crate::status::meta::Meta::parse(&bytes).and_then(|mut m| {
+        let recorded = crate::state::meta::Meta::parse(&bytes).and_then(|mut m| {
             m.locator.pid = Some(ctr.pid);
-            crate::status::meta::write(&dir, &m).map_err(|e| e.to_string())
+            crate::state::meta::write(&dir, &m).map_err(|e| e.to_string())
         });
         if let Err(e) = recorded {
             tracing::warn!(container = id, error = %e, "NRI: init pid not recorded; gpufence ps will not show the container");
@@ -458,7 +458,7 @@ mod tests {
         let quota = std::fs::read_to_string(state.join("quota")).unwrap();
         assert!(quota.contains("device.0.uuid=GPU-a"), "{quota}");
         let meta =
-            crate::status::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
+            crate::state::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
                 .unwrap();
         assert_eq!(
             (meta.namespace.as_deref(), meta.pod.as_deref()),
@@ -473,7 +473,7 @@ mod tests {
         };
         h.container_started(&p, &started);
         let meta =
-            crate::status::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
+            crate::state::meta::Meta::parse(&std::fs::read(state.join("status.json")).unwrap())
                 .unwrap();
         assert_eq!(meta.locator.pid, Some(4242));
         // Stop, then remove: the state goes (as `gpufence-runtime delete` removes it).
@@ -502,7 +502,7 @@ mod tests {
         c.name = "app".into();
         let err = h.create_container(&pod(&[]), &c).unwrap_err();
         assert!(err.contains("victim"), "{err}");
-        let counts: BTreeMap<&str, u64> = crate::status::refusals::read(&dir.path().join("state"))
+        let counts: BTreeMap<&str, u64> = crate::state::refusals::read(&dir.path().join("state"))
             .into_iter()
             .map(|(r, n)| (r.as_str(), n))
             .collect();

@@ -20,11 +20,11 @@
 use std::collections::BTreeMap;
 
 use super::api::{Container, PodSandbox};
+use crate::allocation::ANNOTATION_ALLOW_LIST;
 use crate::allocation::input::Inputs;
 use crate::kubelet::{
     CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID, CRIO_CONTAINER_NAME, CRIO_POD_UID,
 };
-use crate::runtime::configure::ANNOTATION_ALLOW_LIST;
 
 /// containerd's and CRI-O's namespace and pod-name annotations.
 const NAMESPACE_KEYS: [&str; 2] = [
@@ -51,6 +51,9 @@ pub enum RequestError {
     /// container outside Kubernetes (whose grants are believed without a record).
     #[error("the runtime names no {0} for this container: kubelet's record cannot be found")]
     NoIdentity(&'static str),
+    /// The container's devices cannot be read.
+    #[error("{0}")]
+    Devices(crate::allocation::AllocationError),
 }
 
 /// containerd's `filepath.Match` for the allow-list's patterns: `*` matches any run of
@@ -154,13 +157,45 @@ pub fn inputs(pod: &PodSandbox, ctr: &Container) -> Result<Inputs, RequestError>
         .linux
         .as_ref()
         .is_some_and(|l| l.namespaces.iter().any(|n| n.r#type == "user"));
-    Ok(Inputs {
+    let mut inputs = Inputs {
         annotations,
         env,
         mounts,
         user_namespace,
-        root_path: None,
-    })
+        ..Inputs::default()
+    };
+    let (devices, rules) = devices_json(ctr);
+    inputs
+        .read_devices(Some(&devices), Some(&rules))
+        .map_err(RequestError::Devices)?;
+    Ok(inputs)
+}
+
+/// The container's `linux.devices` and `linux.resources.devices` in OCI's JSON shape, as
+/// [`Inputs::read_devices`] reads a spec's.
+fn devices_json(ctr: &Container) -> (serde_json::Value, serde_json::Value) {
+    let linux = ctr.linux.as_ref();
+    let devices = linux
+        .iter()
+        .flat_map(|l| &l.devices)
+        .map(|d| serde_json::json!({"path": d.path, "type": d.r#type, "major": d.major, "minor": d.minor}))
+        .collect();
+    let rules = linux
+        .and_then(|l| l.resources.as_ref())
+        .iter()
+        .flat_map(|r| &r.devices)
+        .map(|r| {
+            serde_json::json!({"allow": r.allow,
+                "type": (!r.r#type.is_empty()).then_some(&r.r#type),
+                "major": r.major.as_ref().map(|m| m.value),
+                "minor": r.minor.as_ref().map(|m| m.value),
+                "access": r.access})
+        })
+        .collect();
+    (
+        serde_json::Value::Array(devices),
+        serde_json::Value::Array(rules),
+    )
 }
 
 #[cfg(test)]
@@ -375,5 +410,73 @@ mod tests {
             Err(RequestError::NoIdentity("container name"))
         ));
         assert!(inputs(&pod, &ctr).is_ok());
+    }
+
+    #[test]
+    fn the_containers_devices_and_device_rules_are_read() {
+        use crate::allocation::input::SpecDevice;
+        use crate::nri::api::{LinuxDevice, LinuxDeviceCgroup, LinuxResources, OptionalInt64};
+        let dev = |path: &str, t: &str, minor| LinuxDevice {
+            path: path.into(),
+            r#type: t.into(),
+            major: 195,
+            minor,
+            ..Default::default()
+        };
+        let mut c = ctr(&[]);
+        c.linux = Some(LinuxContainer {
+            devices: vec![dev("/dev/nvidia1", "c", 1), dev("/dev/fifo", "p", 0)],
+            resources: Some(LinuxResources {
+                devices: vec![LinuxDeviceCgroup {
+                    allow: false,
+                    access: "rwm".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let i = inputs(&pod(&[]), &c).unwrap();
+        assert_eq!(
+            i.devices,
+            [SpecDevice {
+                path: "/dev/nvidia1".into(),
+                kind: 'c',
+                major: 195,
+                minor: 1
+            }]
+        );
+        assert!(!i.all_devices_allowed);
+        // A privileged container's allow-all rule; one naming a device is not.
+        fn rules(c: &mut Container) -> &mut Vec<LinuxDeviceCgroup> {
+            &mut c
+                .linux
+                .as_mut()
+                .unwrap()
+                .resources
+                .as_mut()
+                .unwrap()
+                .devices
+        }
+        rules(&mut c).push(LinuxDeviceCgroup {
+            allow: true,
+            access: "rwm".into(),
+            ..Default::default()
+        });
+        assert!(inputs(&pod(&[]), &c).unwrap().all_devices_allowed);
+        rules(&mut c).push(LinuxDeviceCgroup {
+            allow: false,
+            r#type: "c".into(),
+            major: Some(OptionalInt64 { value: 195 }),
+            minor: None,
+            access: "rwm".into(),
+        });
+        assert!(inputs(&pod(&[]), &c).unwrap().all_devices_allowed);
+        // A device NRI cannot have sent (negative major) refuses the container.
+        c.linux.as_mut().unwrap().devices[0].major = -1;
+        assert!(matches!(
+            inputs(&pod(&[]), &c),
+            Err(RequestError::Devices(_))
+        ));
     }
 }

@@ -9,7 +9,6 @@
 //! directory once the real runtime has let go of the container.
 
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,19 +17,15 @@ use crate::config::Config;
 use crate::exit::Exit;
 use crate::plan::Plan;
 use crate::plan::intake::{CdiSource, IntakeError};
-use crate::status::refusals::Reason;
+use crate::real_runtime::real_runtime;
+use crate::state::refusals::Reason;
 
 pub mod apply;
 pub mod args;
-pub mod cli;
-pub mod configure;
 pub mod folders;
 pub mod ldcache;
-pub mod nri_config;
 pub mod phases;
 pub mod runclog;
-pub mod unconfigure;
-pub mod vulnerable;
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -88,7 +83,7 @@ fn report(parsed: &args::RuncArgs, cfg: &Config, e: Exit) -> Exit {
     } else {
         Reason::Host
     });
-    crate::status::refusals::count(&cfg.state_dir, reason);
+    crate::state::refusals::count(&cfg.state_dir, reason);
     tracing::error!(container = parsed.container_id.as_deref().unwrap_or(""), reason = reason.as_str(), error = %e.message, "refused");
     e
 }
@@ -146,7 +141,7 @@ fn prepare_create(
             inventory_us = Some(t.elapsed().as_micros());
             r
         },
-        &CdiSource::default(),
+        &CdiSource::of(cfg),
         None,
     )
     .map_err(|e| {
@@ -169,7 +164,7 @@ fn prepare_create(
     }
     let (plan, request) = (&intake.plan, &intake.request);
     mark("plan");
-    log_decision(id, plan);
+    crate::plan::log_decision(id, plan);
     mark("logline");
     let folders = prepare_driver_folders(cfg, plan, &intake.inventory, id);
     mark("folders");
@@ -196,7 +191,7 @@ fn prepare_create(
     crate::hostfiles::write_host_files(cfg, id, plan)
         .map_err(|e| Exit::new(e.code(), e.to_string()))?;
     mark("hostfiles");
-    crate::status::meta::record(
+    crate::state::meta::record(
         plan,
         &request.annotations,
         status_locator(parsed, cfg, &bundle),
@@ -247,71 +242,6 @@ fn prepare_driver_folders<'p>(
     }
 }
 
-/// One line per decision: container id, dialects, devices, quotas (the runtime's and the NRI
-/// plugin's).
-pub fn log_decision(id: &str, plan: &Plan) {
-    match &plan.allocation {
-        None => tracing::info!(
-            container = id,
-            env_overrides = ?plan.env_overrides,
-            notes = ?plan.notes,
-            neutralised = ?plan.neutralised,
-            kubelet = plan.kubelet.as_ref().map_or("-", |k| k.status.as_str()),
-            "no allocation: no GPU"
-        ),
-        Some(a) => {
-            let dialects: Vec<&str> = a.dialects.iter().map(|d| d.name()).collect();
-            let devices: Vec<String> = a
-                .devices
-                .iter()
-                .map(|d| match d.device {
-                    crate::allocation::DeviceRef::Gpu { index } => format!("{index}={}", d.uuid),
-                    crate::allocation::DeviceRef::Mig { gpu, mig } => {
-                        format!("{gpu}:{mig}={}", d.uuid)
-                    }
-                })
-                .collect();
-            let quotas: Vec<String> = a
-                .devices
-                .iter()
-                .enumerate()
-                .map(|(i, d)| {
-                    format!(
-                        "{i}:mem={}:cores={}",
-                        d.memory_limit.map_or("-".to_string(), |m| m.to_string()),
-                        d.cores.map_or("-".to_string(), |c| c.to_string())
-                    )
-                })
-                .collect();
-            let backends: Vec<String> = plan
-                .memory_backends
-                .iter()
-                .map(|b| format!("{}:{}", b.ordinal, b.backend.name()))
-                .collect();
-            tracing::info!(
-                container = id,
-                memory_backends = ?backends,
-                mps = plan.mps.as_ref().map_or("no", |m| m.requested_by.as_str()),
-                notes = ?plan.notes,
-                dialects = ?dialects,
-                devices = ?devices,
-                quotas = ?quotas,
-                cores_burst = a.cores_burst,
-                oversubscribe = a.oversubscribe,
-                sources = ?a
-                    .sources
-                    .iter()
-                    .map(|s| format!("{}:{}:{:?}:{}", s.facet, s.dialect, s.origin, s.key))
-                    .collect::<Vec<_>>(),
-                neutralised = ?plan.neutralised,
-                device_nodes = plan.edits.device_nodes.len(),
-                mounts = plan.edits.mounts.len(),
-                "allocation applied"
-            );
-        }
-    }
-}
-
 /// Whether the real runtime already has a container with this id (its state under `--root`).
 fn container_exists(parsed: &args::RuncArgs, cfg: &Config, id: &str) -> bool {
     runtime_state_root(parsed, cfg)
@@ -326,9 +256,9 @@ fn status_locator(
     parsed: &args::RuncArgs,
     cfg: &Config,
     bundle: &Path,
-) -> crate::status::meta::Locator {
+) -> crate::state::meta::Locator {
     let cwd = std::env::current_dir().unwrap_or_else(|_| bundle.to_path_buf());
-    crate::status::meta::Locator {
+    crate::state::meta::Locator {
         pid: None,
         pid_file: parsed
             .pid_file
@@ -353,38 +283,6 @@ fn runtime_state_root(parsed: &args::RuncArgs, cfg: &Config) -> PathBuf {
         .and_then(|p| p.file_name().map(|n| n == "crun"))
         .unwrap_or(false);
     PathBuf::from(if is_crun { "/run/crun" } else { "/run/runc" })
-}
-
-/// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
-pub(crate) fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
-    let me = std::env::current_exe()
-        .ok()
-        .and_then(|p| std::fs::canonicalize(p).ok());
-    let is_me = |p: &Path| me.is_some() && std::fs::canonicalize(p).ok() == me;
-    if let Some(p) = &cfg.runtime.path {
-        if is_me(p) {
-            return Err(Exit::invalid(format!(
-                "runtime.path {} is gpufence-runtime itself",
-                p.display()
-            )));
-        }
-        return Ok(p.clone());
-    }
-    let path = std::env::var_os("PATH")
-        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    for name in ["runc", "crun"] {
-        for dir in std::env::split_paths(&path) {
-            let cand = dir.join(name);
-            let executable = std::fs::metadata(&cand)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            if executable && !is_me(&cand) {
-                return Ok(cand);
-            }
-        }
-    }
-    Err(Exit::env(
-        "no OCI runtime: set runtime.path or put runc or crun on PATH",
-    ))
 }
 
 /// Replace this process with the real runtime, same arguments. Returns only on failure.

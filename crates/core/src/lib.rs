@@ -5,7 +5,7 @@
 //! Its modules sit in layers, bottom up; every import points down:
 //!
 //! 1. **ground** — [`config`], [`exit`], [`text`], [`fsutil`] (atomic writes), [`fnv`],
-//!    [`logging`], [`child`] (deadlined child processes);
+//!    [`logging`], [`child`] (deadlined child processes), [`real_runtime`] (which runc);
 //! 2. **formats**, parsed strictly — [`cdi`], [`ldso`] (ld.so cache, ELF), [`kubelet`]
 //!    (device-manager checkpoint, DRA state), [`quantity`], [`quota`] (the quota file, shared
 //!    with the shim through the `gpufence-format` crate);
@@ -33,6 +33,7 @@ pub mod logging;
 pub mod mps;
 pub mod plan;
 pub mod quantity;
+pub mod real_runtime;
 pub use gpufence_format::quota;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -18,10 +18,13 @@ use serde::{Deserialize, Serialize};
 
 use super::devices::{Resolved, all_devices, describe, resolve_token, split_list};
 use super::dialects::{NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
+use super::dra_share::Share;
+use super::spec_devices::{NodeKey, devices_of, node_at};
 use super::{AllocationError, DeviceRef, ForeignCdiDevice};
+use crate::cdi::LoadedSpec;
 use crate::config::TrustAnnotations;
 use crate::inventory::Inventory;
-use crate::kubelet::{ContainerRecord, KubeletSource, ResourceGrant};
+use crate::kubelet::{ContainerRecord, DraClaimRecord, KubeletSource, ResourceGrant};
 
 /// What backs one granted device (`gpufence plan` shows it for every device).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,8 +33,16 @@ pub enum Backing {
     /// kubelet's device-manager checkpoint: the device plugin of `resource` allocated it to this
     /// container (`ids`: the plugin's device ids that name it, else all of the resource's).
     DevicePlugin { resource: String, ids: Vec<String> },
-    /// kubelet's DRA state: a claim prepared for this pod (`namespace/name`).
-    DraClaim { claim: String },
+    /// kubelet's DRA state: a claim prepared for this pod (`namespace/name`); `device`: the
+    /// device node it arrived as, `share`: the share of a shared device (KEP-5075) its driver
+    /// wrote ([`super::dra_share`]).
+    DraClaim {
+        claim: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        share: Option<String>,
+    },
     /// `allocation.trust-annotations = "admission"`: the operator's admission policy reserves
     /// the annotation keys to the scheduler.
     Admission,
@@ -46,7 +57,22 @@ impl std::fmt::Display for Backing {
             Backing::DevicePlugin { resource, ids } => {
                 write!(f, "kubelet device plugin {resource} [{}]", ids.join(", "))
             }
-            Backing::DraClaim { claim } => write!(f, "kubelet DRA claim {claim}"),
+            Backing::DraClaim {
+                claim,
+                device,
+                share,
+            } => {
+                write!(f, "kubelet DRA claim {claim}")?;
+                let detail: Vec<String> = device
+                    .iter()
+                    .map(|d| format!("device {d}"))
+                    .chain(share.iter().map(|s| format!("share {s}")))
+                    .collect();
+                if !detail.is_empty() {
+                    write!(f, " ({})", detail.join(", "))?;
+                }
+                Ok(())
+            }
             Backing::Admission => f.write_str("admission policy"),
             Backing::Trusted => f.write_str("trusted"),
         }
@@ -67,6 +93,12 @@ pub struct Recorded {
     pub devices: Vec<(DeviceRef, Backing)>,
     /// Fully qualified CDI names of other kinds (`vendor/class=name`).
     pub cdi_names: Vec<(String, Backing)>,
+    /// Every device node recorded: DeviceSpecs by host path, CDI devices resolved through
+    /// their specs.
+    pub nodes: Vec<(NodeKey, Backing)>,
+    /// The shares of shared DRA devices (`ShareID`): what the driver wrote, or why it cannot
+    /// be read.
+    pub shares: Vec<(DeviceRef, Result<Share, String>)>,
     /// kubelet's DRA state could not be used (a device not backed otherwise says so).
     pub dra_unavailable: Option<String>,
     /// One line: what kubelet recorded (for the refusal).
@@ -101,7 +133,7 @@ fn id_token<'a>(resource: &str, id: &'a str) -> Option<&'a str> {
 }
 
 /// The device tokens and other CDI names one resource's Allocate response and device ids name.
-fn grant_tokens(g: &ResourceGrant, inv: &Inventory) -> (Vec<String>, Vec<String>) {
+fn grant_tokens(g: &ResourceGrant) -> (Vec<String>, Vec<String>) {
     let mut toks: Vec<String> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     if let Some(v) = g.envs.get(NVIDIA_VISIBLE_DEVICES)
@@ -113,38 +145,20 @@ fn grant_tokens(g: &ResourceGrant, inv: &Inventory) -> (Vec<String>, Vec<String>
     if let Some(v) = g.envs.get(ALIYUN_GPU_IDX) {
         toks.extend(split_list(v).into_iter().map(str::to_string));
     }
-    for (_, host, _) in &g.devices {
-        let minor = host
-            .strip_prefix("/dev/nvidia")
-            .and_then(|m| m.parse::<u32>().ok());
-        if let Some(gpu) = minor.and_then(|m| inv.gpus.iter().find(|gpu| gpu.minor == m)) {
-            toks.push(gpu.index.to_string());
-        }
-    }
     let prefix = format!("{NVIDIA_DEVICES_MOUNT_DIR}/");
     for (container, _, _) in &g.mounts {
         if let Some(id) = container.strip_prefix(&prefix) {
             toks.push(id.trim_end_matches('/').to_string());
         }
     }
-    let mut cdi: Vec<crate::cdi::parse::QualifiedName> = Vec::new();
-    for (k, v) in &g.annotations {
-        if k.starts_with(crate::cdi::parse::ANNOTATION_PREFIX)
-            && let Ok(list) = crate::cdi::parse::parse_annotation_value(v)
-        {
-            cdi.extend(list);
-        }
-    }
-    cdi.extend(
-        g.cdi_devices
-            .iter()
-            .filter_map(|n| crate::cdi::parse::parse_qualified_name(n).ok()),
-    );
-    for q in cdi {
+    for n in grant_cdi_names(g) {
+        let Ok(q) = crate::cdi::parse::parse_qualified_name(&n) else {
+            continue;
+        };
         if GPU_CDI_KINDS.contains(&q.kind().as_str()) {
             toks.push(q.name.clone());
         } else {
-            names.push(q.to_string());
+            names.push(n);
         }
     }
     toks.extend(
@@ -156,86 +170,105 @@ fn grant_tokens(g: &ResourceGrant, inv: &Inventory) -> (Vec<String>, Vec<String>
     (toks, names)
 }
 
+/// The CDI devices of one Allocate response (`cdi.k8s.io/*` annotations and `cdi_devices`),
+/// fully qualified, each once.
+fn grant_cdi_names(g: &ResourceGrant) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (k, v) in &g.annotations {
+        if k.starts_with(crate::cdi::parse::ANNOTATION_PREFIX)
+            && let Ok(list) = crate::cdi::parse::parse_annotation_value(v)
+        {
+            out.extend(list.iter().map(ToString::to_string));
+        }
+    }
+    out.extend(
+        g.cdi_devices
+            .iter()
+            .filter_map(|n| crate::cdi::parse::parse_qualified_name(n).ok())
+            .map(|q| q.to_string()),
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|n| seen.insert(n.clone()));
+    out
+}
+
+/// A CDI device kubelet recorded, resolved through its spec (the engine resolves it the same
+/// way): the spec, the device, its nodes and the devices they grant.
+struct CdiResolved<'a> {
+    spec: &'a LoadedSpec,
+    dev: &'a crate::cdi::Device,
+    nodes: Vec<NodeKey>,
+    devices: Vec<Resolved>,
+}
+
+/// `name` (fully qualified) through the loaded specs; `None` where no spec defines it, or two of
+/// the same priority do (the engine refuses it then).
+fn resolve_cdi<'a>(
+    name: &str,
+    specs: &'a [LoadedSpec],
+    inv: &Inventory,
+) -> Option<CdiResolved<'a>> {
+    let q = crate::cdi::parse::parse_qualified_name(name).ok()?;
+    let (spec, dev) = crate::cdi::parse::find_device(specs, &q).ok().flatten()?;
+    let mut nodes: Vec<NodeKey> = Vec::new();
+    for n in dev
+        .container_edits
+        .device_nodes
+        .iter()
+        .chain(&spec.spec.container_edits.device_nodes)
+    {
+        let kind = match n.kind.as_deref() {
+            Some("c" | "u") => Some('c'),
+            Some("b") => Some('b'),
+            _ => None,
+        };
+        let num = |v: Option<i64>| v.and_then(|v| u32::try_from(v).ok());
+        let key = match (kind, num(n.major), num(n.minor)) {
+            (Some(k), Some(major), Some(minor)) => Some((k, major, minor)),
+            _ => node_at(inv, n.host_path.as_deref().unwrap_or(&n.path)),
+        };
+        if let Some(k) = key
+            && !nodes.contains(&k)
+        {
+            nodes.push(k);
+        }
+    }
+    let (devices, _) = devices_of(inv, &nodes);
+    Some(CdiResolved {
+        spec,
+        dev,
+        nodes,
+        devices,
+    })
+}
+
+/// The node of a resolved device (its GPU's), as the container sees it.
+fn gpu_path(inv: &Inventory, d: DeviceRef) -> Option<String> {
+    let index = match d {
+        DeviceRef::Gpu { index } => index,
+        DeviceRef::Mig { gpu, .. } => gpu,
+    };
+    inv.gpu_by_index(index).map(|g| g.node.path.clone())
+}
+
 impl Recorded {
-    /// What `record` backs on this node. Tokens naming nothing here back nothing.
-    pub fn from_record(record: &ContainerRecord, inv: &Inventory) -> Recorded {
+    /// What `record` backs on this node; CDI devices are resolved through `specs` (the
+    /// engine's CDI directories). Tokens naming nothing here back nothing.
+    pub fn from_record(
+        record: &ContainerRecord,
+        inv: &Inventory,
+        specs: &[LoadedSpec],
+    ) -> Recorded {
         let mut out = Recorded {
             dra_unavailable: record.dra_unavailable.clone(),
             ..Recorded::default()
         };
         let mut summary: Vec<String> = Vec::new();
         for g in &record.resources {
-            let (toks, names) = grant_tokens(g, inv);
-            let devs: Vec<Resolved> = toks.iter().flat_map(|t| token_devices(t, inv)).collect();
-            for r in &devs {
-                // The plugin's ids naming this device, else all of the resource's.
-                let mut ids: Vec<String> = g
-                    .device_ids
-                    .iter()
-                    .filter(|id| {
-                        id_token(&g.resource, id).is_some_and(|t| {
-                            token_devices(t, inv).iter().any(|x| x.device == r.device)
-                        })
-                    })
-                    .cloned()
-                    .collect();
-                if ids.is_empty() {
-                    ids = g.device_ids.clone();
-                }
-                ids.truncate(MAX_IDS_SHOWN);
-                out.add(
-                    r.device,
-                    Backing::DevicePlugin {
-                        resource: g.resource.clone(),
-                        ids,
-                    },
-                );
-            }
-            for n in names {
-                out.add_name(
-                    n,
-                    Backing::DevicePlugin {
-                        resource: g.resource.clone(),
-                        ids: g.device_ids.iter().take(MAX_IDS_SHOWN).cloned().collect(),
-                    },
-                );
-            }
-            summary.push(format!(
-                "{} [{}]{}",
-                g.resource,
-                g.device_ids
-                    .iter()
-                    .take(MAX_IDS_SHOWN)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                shown_devices(&devs)
-            ));
+            summary.push(out.add_resource(g, inv, specs));
         }
         for c in &record.dra_claims {
-            let mut devs: Vec<Resolved> = Vec::new();
-            for id in &c.cdi_device_ids {
-                let Ok(q) = crate::cdi::parse::parse_qualified_name(id) else {
-                    continue;
-                };
-                let backing = Backing::DraClaim {
-                    claim: c.claim.clone(),
-                };
-                if GPU_CDI_KINDS.contains(&q.kind().as_str()) {
-                    for r in token_devices(&q.name, inv) {
-                        out.add(r.device, backing.clone());
-                        devs.push(r);
-                    }
-                } else {
-                    out.add_name(q.to_string(), backing);
-                }
-            }
-            summary.push(format!(
-                "DRA claim {} [{}]{}",
-                c.claim,
-                c.cdi_device_ids.join(", "),
-                shown_devices(&devs)
-            ));
+            summary.push(out.add_claim(c, inv, specs));
         }
         out.summary = if summary.is_empty() {
             "nothing".to_string()
@@ -243,6 +276,171 @@ impl Recorded {
             summary.join("; ")
         };
         out
+    }
+
+    /// One device plugin's grant; its line of the summary.
+    fn add_resource(&mut self, g: &ResourceGrant, inv: &Inventory, specs: &[LoadedSpec]) -> String {
+        let (toks, names) = grant_tokens(g);
+        let mut devs: Vec<Resolved> = toks.iter().flat_map(|t| token_devices(t, inv)).collect();
+        let backing_all = Backing::DevicePlugin {
+            resource: g.resource.clone(),
+            ids: g.device_ids.iter().take(MAX_IDS_SHOWN).cloned().collect(),
+        };
+        // DeviceSpecs, by host path, and CDI devices, through their specs: device nodes.
+        let spec_nodes: Vec<NodeKey> = g
+            .devices
+            .iter()
+            .filter_map(|(_, host, _)| node_at(inv, host))
+            .collect();
+        let mut node_devs = devices_of(inv, &spec_nodes).0;
+        for k in &spec_nodes {
+            self.add_node(*k, backing_all.clone());
+        }
+        for n in grant_cdi_names(g) {
+            if let Some(r) = resolve_cdi(&n, specs, inv) {
+                for k in &r.nodes {
+                    self.add_node(*k, backing_all.clone());
+                }
+                node_devs.extend(r.devices);
+            }
+        }
+        devs.extend(node_devs);
+        for r in &devs {
+            // The plugin's ids naming this device, else all of the resource's.
+            let mut ids: Vec<String> = g
+                .device_ids
+                .iter()
+                .filter(|id| {
+                    id_token(&g.resource, id)
+                        .is_some_and(|t| token_devices(t, inv).iter().any(|x| x.device == r.device))
+                })
+                .cloned()
+                .collect();
+            if ids.is_empty() {
+                ids = g.device_ids.clone();
+            }
+            ids.truncate(MAX_IDS_SHOWN);
+            self.add(
+                r.device,
+                Backing::DevicePlugin {
+                    resource: g.resource.clone(),
+                    ids,
+                },
+            );
+        }
+        for n in names {
+            self.add_name(n, backing_all.clone());
+        }
+        format!(
+            "{} [{}]{}",
+            g.resource,
+            g.device_ids
+                .iter()
+                .take(MAX_IDS_SHOWN)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            shown_devices(&devs)
+        )
+    }
+
+    /// One DRA claim of the pod: its CDI ids as gpufence device tokens (gpufence's and
+    /// NVIDIA's kinds) and through their specs, with the share of a shared device; its line of
+    /// the summary.
+    fn add_claim(&mut self, c: &DraClaimRecord, inv: &Inventory, specs: &[LoadedSpec]) -> String {
+        let mut devs: Vec<Resolved> = Vec::new();
+        for id in &c.cdi_device_ids {
+            let Ok(q) = crate::cdi::parse::parse_qualified_name(id) else {
+                continue;
+            };
+            let shared = c.shared_cdi_ids.contains(id);
+            let resolved = resolve_cdi(id, specs, inv);
+            let share: Option<Result<Share, String>> = shared.then(|| match &resolved {
+                None => Err(format!("no CDI spec in the CDI directories (cdi.spec-dirs) defines {id}")),
+                Some(r) => match super::dra_share::read(r.spec, r.dev) {
+                    Ok(Some(s)) if !s.is_empty() => Ok(s),
+                    Ok(_) => Err(format!(
+                        "its driver wrote no share into {} (gpufence.dev/memory, gpufence.dev/cores or CUDA_DEVICE_MEMORY_LIMIT_<i>)",
+                        r.spec.path.display()
+                    )),
+                    Err(e) => Err(e),
+                },
+            });
+            let mut here: Vec<Resolved> = Vec::new();
+            if GPU_CDI_KINDS.contains(&q.kind().as_str()) {
+                here.extend(token_devices(&q.name, inv));
+            } else {
+                self.add_name(
+                    q.to_string(),
+                    Backing::DraClaim {
+                        claim: c.claim.clone(),
+                        device: None,
+                        share: None,
+                    },
+                );
+            }
+            if let Some(r) = &resolved {
+                here.extend(r.devices.iter().cloned());
+            }
+            let shown_share = share
+                .as_ref()
+                .and_then(|s| s.as_ref().ok())
+                .map(Share::shown);
+            for r in &here {
+                let b = Backing::DraClaim {
+                    claim: c.claim.clone(),
+                    device: gpu_path(inv, r.device),
+                    share: shown_share.clone(),
+                };
+                self.add(r.device, b);
+                if let Some(s) = &share
+                    && !self.shares.iter().any(|(d, _)| *d == r.device)
+                {
+                    self.shares.push((r.device, s.clone()));
+                }
+            }
+            if let Some(r) = &resolved {
+                let b = Backing::DraClaim {
+                    claim: c.claim.clone(),
+                    device: None,
+                    share: None,
+                };
+                for k in &r.nodes {
+                    self.add_node(*k, b.clone());
+                }
+            }
+            devs.extend(here);
+        }
+        format!(
+            "DRA claim {} [{}]{}",
+            c.claim,
+            c.cdi_device_ids.join(", "),
+            shown_devices(&devs)
+        )
+    }
+
+    fn add_node(&mut self, k: NodeKey, b: Backing) {
+        if !self.nodes.iter().any(|(x, _)| *x == k) {
+            self.nodes.push((k, b));
+        }
+    }
+
+    /// What backs the device node `k`.
+    pub fn backing_of_node(&self, k: NodeKey) -> Option<&Backing> {
+        self.nodes.iter().find(|(x, _)| *x == k).map(|(_, b)| b)
+    }
+
+    /// The share of `d` (or of its GPU, for a MIG device), where `d` is a shared DRA device.
+    pub fn share_of(&self, d: DeviceRef) -> Option<&Result<Share, String>> {
+        let parent = match d {
+            DeviceRef::Mig { gpu, .. } => Some(DeviceRef::Gpu { index: gpu }),
+            DeviceRef::Gpu { .. } => None,
+        };
+        self.shares
+            .iter()
+            .find(|(x, _)| *x == d)
+            .or_else(|| self.shares.iter().find(|(x, _)| Some(*x) == parent))
+            .map(|(_, s)| s)
     }
 
     fn add(&mut self, d: DeviceRef, b: Backing) {
@@ -338,6 +536,7 @@ pub struct Backings {
 /// `named_by` answers the key and value that granted a device, for the refusal line.
 pub fn check<'a>(
     s: &Subject,
+    recorded: Option<&Recorded>,
     devices: &'a [Resolved],
     foreign: &'a [ForeignCdiDevice],
     named_by: impl Fn(Granted<'a>) -> (String, String),
@@ -347,13 +546,9 @@ pub fn check<'a>(
         .map(Granted::Device)
         .chain(foreign.iter().map(|f| Granted::Cdi(&f.name)))
         .collect();
-    let recorded = match s.source {
-        KubeletSource::Record(r) if s.cri => Some(Recorded::from_record(r, s.inventory)),
-        _ => None,
-    };
     let mut out: Vec<Backing> = Vec::with_capacity(granted.len());
     for g in &granted {
-        let backed = recorded.as_ref().and_then(|rec| match g {
+        let backed = recorded.and_then(|rec| match g {
             Granted::Device(r) => rec.backing_of(r.device),
             Granted::Cdi(n) => rec.backing_of_name(n),
         });
@@ -364,7 +559,7 @@ pub fn check<'a>(
             (None, TrustAnnotations::Believed) => Backing::Trusted,
             (None, TrustAnnotations::Kubelet) => {
                 let (key, value) = named_by(*g);
-                return Err(refusal(s, recorded.as_ref(), g, &key, &value));
+                return Err(unbacked(s, recorded, &g.shown(), &key, &value));
             }
         };
         out.push(b);
@@ -376,11 +571,20 @@ pub fn check<'a>(
     })
 }
 
-/// The one line refusing an unbacked grant.
-fn refusal(
+/// What kubelet recorded for the container of `s`, on this node (`None`: not a CRI container,
+/// or no usable record). CDI devices are resolved through `specs`.
+pub fn recorded(s: &Subject, specs: &[LoadedSpec]) -> Option<Recorded> {
+    match s.source {
+        KubeletSource::Record(r) if s.cri => Some(Recorded::from_record(r, s.inventory, specs)),
+        _ => None,
+    }
+}
+
+/// The one line refusing an unbacked grant (`shown`: what was granted).
+pub fn unbacked(
     s: &Subject,
     recorded: Option<&Recorded>,
-    g: &Granted,
+    shown: &str,
     key: &str,
     value: &str,
 ) -> AllocationError {
@@ -398,22 +602,20 @@ fn refusal(
                 "{} is not among what kubelet recorded for container {} of pod {pod} \
                  (allocation.trust-annotations = {mode}); \
                  kubelet recorded: {}{dra}",
-                g.shown(),
-                r.identity.container_name,
-                rec.summary
+                shown, r.identity.container_name, rec.summary
             )
         }
         (KubeletSource::Unavailable { checkpoint, why }, _) => format!(
             "{} on a Kubernetes container needs kubelet's record of it \
              (allocation.trust-annotations = {mode}), and kubelet \
              checkpoint {checkpoint} cannot be used: {why}",
-            g.shown()
+            shown
         ),
         _ => format!(
             "{} on a Kubernetes container needs kubelet's record of it \
              (allocation.trust-annotations = {mode}), and this node \
              has no kubelet device-plugin checkpoint directory (kubelet.checkpoint)",
-            g.shown()
+            shown
         ),
     };
     tracing::warn!(key, value, reason = %why, "grant not backed by kubelet: refused");
@@ -450,10 +652,21 @@ mod tests {
         );
         assert_eq!(
             Backing::DraClaim {
-                claim: "ns/c".into()
+                claim: "ns/c".into(),
+                device: None,
+                share: None,
             }
             .to_string(),
             "kubelet DRA claim ns/c"
+        );
+        assert_eq!(
+            Backing::DraClaim {
+                claim: "team-a/train-gpu".into(),
+                device: Some("/dev/nvidia1".into()),
+                share: Some("8 GiB".into()),
+            }
+            .to_string(),
+            "kubelet DRA claim team-a/train-gpu (device /dev/nvidia1, share 8 GiB)"
         );
         assert_eq!(Backing::Admission.to_string(), "admission policy");
         assert_eq!(Backing::Trusted.to_string(), "trusted");

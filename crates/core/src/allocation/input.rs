@@ -22,6 +22,83 @@ pub struct Inputs {
     /// `root.path` as written (relative to the bundle unless absolute); `None` when absent or
     /// empty.
     pub root_path: Option<String>,
+    /// `linux.devices`: the device nodes the engine already put into the spec (a device
+    /// plugin's DeviceSpecs, CDI devices it resolved, `--device`), in order.
+    pub devices: Vec<SpecDevice>,
+    /// `linux.resources.devices` allows every device (a privileged container): its device nodes
+    /// are not grants (it can reach every device of the node anyway).
+    pub all_devices_allowed: bool,
+}
+
+/// One character or block device node of the spec (`linux.devices[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SpecDevice {
+    /// Path inside the container.
+    pub path: String,
+    /// `c` (also for `u`) or `b`.
+    pub kind: char,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl SpecDevice {
+    /// `c 195:1 /dev/nvidia1`, as refusals name it.
+    pub fn shown(&self) -> String {
+        format!(
+            "device {} ({} {}:{})",
+            self.path, self.kind, self.major, self.minor
+        )
+    }
+}
+
+/// `linux.devices[i]` as a device node; `Ok(None)` for a FIFO (`p`), which names no device.
+fn spec_device(i: usize, d: &serde_json::Value) -> Result<Option<SpecDevice>, AllocationError> {
+    let key = format!("linux.devices[{i}]");
+    let err = |why: &str| AllocationError::new(&key, &d.to_string(), why);
+    let path = d
+        .get("path")
+        .and_then(|p| p.as_str())
+        .ok_or_else(|| err("no path"))?;
+    let kind = match d.get("type").and_then(|t| t.as_str()) {
+        Some("c" | "u") => 'c',
+        Some("b") => 'b',
+        Some("p") => return Ok(None),
+        _ => return Err(err("type is not c, u, b or p")),
+    };
+    let num = |k: &str| {
+        d.get(k)
+            .and_then(|n| n.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let (Some(major), Some(minor)) = (num("major"), num("minor")) else {
+        return Err(err("major/minor missing or out of range"));
+    };
+    Ok(Some(SpecDevice {
+        path: path.to_string(),
+        kind,
+        major,
+        minor,
+    }))
+}
+
+/// Whether a device cgroup rule list allows every device: its last rule for every device (no
+/// type or type `a`, no numbers) allows (`{"allow": true, "access": "rwm"}`: a privileged
+/// container). Rules apply in order, so a later deny-all closes it again.
+fn allows_all(rules: &serde_json::Value) -> bool {
+    let every = |r: &&serde_json::Value| {
+        matches!(r.get("type").and_then(|t| t.as_str()), None | Some("a"))
+            && r.get("major").is_none_or(serde_json::Value::is_null)
+            && r.get("minor").is_none_or(serde_json::Value::is_null)
+    };
+    rules
+        .as_array()
+        .and_then(|rules| rules.iter().rfind(every))
+        .is_some_and(|r| {
+            r.get("allow").and_then(|a| a.as_bool()) == Some(true)
+                && r.get("access")
+                    .and_then(|a| a.as_str())
+                    .is_none_or(|a| a.contains('r') || a.contains('w'))
+        })
 }
 
 /// Each engine's container-type annotation: (key, the value for a pod sandbox, engine).
@@ -97,12 +174,42 @@ impl Inputs {
                 n.iter()
                     .any(|ns| ns.get("type").and_then(|t| t.as_str()) == Some("user"))
             });
+        inputs.read_devices(
+            spec.pointer("/linux/devices"),
+            spec.pointer("/linux/resources/devices"),
+        )?;
         inputs.root_path = spec
             .pointer("/root/path")
             .and_then(|p| p.as_str())
             .filter(|p| !p.is_empty())
             .map(str::to_string);
         Ok(inputs)
+    }
+
+    /// `devices` (`linux.devices`) and `rules` (`linux.resources.devices`) in OCI's JSON shape
+    /// (the NRI plugin renders its request's into it).
+    pub fn read_devices(
+        &mut self,
+        devices: Option<&serde_json::Value>,
+        rules: Option<&serde_json::Value>,
+    ) -> Result<(), AllocationError> {
+        match devices {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Array(list)) => {
+                for (i, d) in list.iter().enumerate() {
+                    self.devices.extend(spec_device(i, d)?);
+                }
+            }
+            Some(other) => {
+                return Err(AllocationError::new(
+                    "linux.devices",
+                    &other.to_string(),
+                    "not an array",
+                ));
+            }
+        }
+        self.all_devices_allowed = rules.is_some_and(allows_all);
+        Ok(())
     }
 
     /// The CRI annotation marking a pod sandbox (pause) container, if this is one. Every

@@ -90,6 +90,9 @@ pub enum Origin {
     Env,
     /// A mount in `config.json` (the NVIDIA device plugin's volume-mounts strategy).
     Mount,
+    /// A device node the engine put into `config.json` (`linux.devices`:
+    /// [`spec_devices`]).
+    Device,
 }
 
 /// One facet of the allocation and the input it came from.
@@ -143,12 +146,14 @@ pub mod backing;
 pub mod compute;
 pub mod devices;
 pub mod dialects;
+pub mod dra_share;
 pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
 pub mod record;
 pub mod replicas;
 pub mod scheduler;
+pub mod spec_devices;
 
 use devices::{Resolved, describe};
 use dialects::Part;
@@ -170,6 +175,18 @@ pub struct Intake {
     /// What kubelet recorded for this container (trust-env = "kubelet").
     pub kubelet: Option<kubelet_env::KubeletReport>,
 }
+
+/// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
+/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
+/// into the OCI spec by containerd's `pod_annotations` / `container_annotations` allow-lists.
+pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
+    "gpufence.dev/*",
+    "cdi.k8s.io/*",
+    "aliyun.com/gpu-count",
+    "hami.io/vgpu-devices-allocated",
+    "ALIYUN_COM_GPU_MEM_*",
+    "nvidia.com/container.*",
+];
 
 /// Default driver capabilities.
 pub const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Compute, Capability::Utility];
@@ -205,22 +222,35 @@ pub fn read_request(
     let (mut parts, mut origins) =
         read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
     gpushare_needs_kubelet(&view, &parts)?;
+    let subject = backing::Subject {
+        mode: ac.trust_annotations,
+        cri: backing::is_cri(inputs),
+        source: kubelet,
+        inventory,
+    };
+    // Grants that arrive as devices (`linux.devices`): always read.
+    let borne = spec_devices::read(inputs, inventory);
+    spec_devices::policy(
+        &subject,
+        inputs,
+        &borne,
+        ac.non_cri_devices,
+        &mut intake.notes,
+    )?;
+    if !borne.devices.is_empty() {
+        parts.push(spec_devices::part(&borne));
+        origins.push(Origin::Device);
+    }
     let devices = agree::devices(&parts)?;
     let mut foreign: Vec<ForeignCdiDevice> = parts.iter().flat_map(|p| p.foreign.clone()).collect();
-    let backings = backing::check(
-        &backing::Subject {
-            mode: ac.trust_annotations,
-            cri: backing::is_cri(inputs),
-            source: kubelet,
-            inventory,
-        },
-        &devices,
-        &foreign,
-        |g| granted_by(inputs, &parts, &origins, g),
-    )?;
+    let recorded = backing::recorded(&subject, cdi_specs);
+    let backings = backing::check(&subject, recorded.as_ref(), &devices, &foreign, |g| {
+        granted_by(inputs, &parts, &origins, g)
+    })?;
     for (f, b) in foreign.iter_mut().zip(&backings.foreign) {
         f.backing = b.clone();
     }
+    spec_devices::check_rest(&subject, recorded.as_ref(), &borne, devices.len())?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
         parts.push(dialects::gpufence_limits(inputs, &devices)?);
@@ -240,6 +270,7 @@ pub fn read_request(
         &mut memory,
         &mut cores,
     )?;
+    let dra = dra_share::apply(recorded.as_ref(), &devices, &mut memory, &mut cores)?;
     let cores_burst = compute::cores_policy(inputs, &devices, &cores)?;
     let cores_burst = replicas::cores_policy(inputs, &shares.shares, cores_burst, config)?;
     let oversubscribe = agree::oversubscribe(&parts)?;
@@ -272,6 +303,7 @@ pub fn read_request(
         return Ok(intake);
     }
     intake.notes.extend(shares.notes);
+    intake.notes.extend(dra.notes);
     let capabilities = capabilities(inputs, config, &mut intake)?;
     intake.allocation = Some(Allocation {
         dialects: dialects_used(&parts),
@@ -290,7 +322,7 @@ pub fn read_request(
         oversubscribe,
         capabilities,
         foreign_cdi: foreign,
-        sources: [sources(&parts, &origins), shares.sources].concat(),
+        sources: [sources(&parts, &origins), shares.sources, dra.sources].concat(),
         cores_burst,
     });
     Ok(intake)

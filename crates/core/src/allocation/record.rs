@@ -72,6 +72,7 @@ fn with_dra_claims(r: &mut kubelet::ContainerRecord, path: &Path) {
                 .map(|c| kubelet::DraClaimRecord {
                     claim: c.label(),
                     cdi_device_ids: c.cdi_ids().into_iter().map(str::to_string).collect(),
+                    shared_cdi_ids: c.shared_cdi_ids().into_iter().map(str::to_string).collect(),
                 })
                 .collect();
         }
@@ -164,6 +165,7 @@ mod tests {
             [kubelet::DraClaimRecord {
                 claim: "team/gpu".into(),
                 cdi_device_ids: vec!["gpufence.dev/gpu=1".into()],
+                shared_cdi_ids: vec![],
             }],
             "only this pod's claim"
         );

@@ -19,8 +19,7 @@ use super::spec::{ContainerEdits, LoadedSpec, Spec};
 
 /// The annotation prefix CDI devices are requested with.
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-/// The static and dynamic spec directories, with their priority (the dynamic one wins).
-pub const DEFAULT_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
+pub use crate::config::DEFAULT_CDI_SPEC_DIRS as DEFAULT_SPEC_DIRS;
 /// Largest spec file read (a CDI spec for a whole node is a few hundred KiB).
 pub const MAX_SPEC_BYTES: u64 = 8 << 20;
 /// Known `cdiVersion`s, oldest first.
@@ -466,6 +465,10 @@ pub fn read_spec_file(path: &Path) -> Result<Spec, CdiError> {
         why,
     };
     let f = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let md = f.metadata().map_err(|e| err(e.to_string()))?;
+    if let Some(why) = untrusted_file(&md) {
+        return Err(err(why));
+    }
     let mut text = String::new();
     f.take(MAX_SPEC_BYTES + 1)
         .read_to_string(&mut text)
@@ -474,6 +477,27 @@ pub fn read_spec_file(path: &Path) -> Result<Spec, CdiError> {
         return Err(err(format!("larger than {MAX_SPEC_BYTES} bytes")));
     }
     parse_spec(&text, path)
+}
+
+/// Why a spec file cannot be believed (`None`: it can): a spec grants devices, so only a
+/// regular file that only root (or this user) can write is read — not one owned by another user,
+/// nor one its group or everyone can write.
+pub fn untrusted_file(md: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if !md.is_file() {
+        return Some("not a regular file".to_string());
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if md.uid() != 0 && md.uid() != euid {
+        return Some(format!("owned by uid {}, not root: not read", md.uid()));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Some(format!(
+            "writable by its group or everyone (mode {:o}): not read",
+            md.mode() & 0o7777
+        ));
+    }
+    None
 }
 
 /// Load every spec in `dirs` (`(dir, priority)`; a higher priority wins a conflict). Missing

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpufence/config.toml";
 /// Environment variable that overrides the configuration path.
 pub const CONFIG_ENV: &str = "GPUFENCE_CONFIG";
+/// The NRI plugin index gpufence registers with (pre-registered file name and DaemonSet): late, so
+/// that gpufence sees the container as every earlier plugin left it (their env, mounts,
+/// devices) and no later plugin can silently take back what gpufence set — NRI refuses a
+/// second plugin's adjustment of a mount, device or env variable another plugin claimed.
+pub const NRI_PLUGIN_INDEX: &str = "90";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -58,6 +63,8 @@ pub struct Config {
     /// `sharing.mps`: GPUs shared through MPS control daemons.
     pub sharing: SharingConfig,
     pub kubelet: KubeletConfig,
+    /// `[cdi]`: where the engine's CDI specs are.
+    pub cdi: CdiConfig,
     pub timeouts: TimeoutsConfig,
     /// Where this file was read from (not a key).
     #[serde(skip)]
@@ -81,6 +88,7 @@ impl Default for Config {
             quota: QuotaConfig::default(),
             sharing: SharingConfig::default(),
             kubelet: KubeletConfig::default(),
+            cdi: CdiConfig::default(),
             timeouts: TimeoutsConfig::default(),
             source: None,
         }
@@ -135,6 +143,10 @@ pub enum Dialect {
     Nvidia,
     /// KAI scheduler's NvFractions pod annotations (`nvidia.com/container.<name>.*`).
     Kai,
+    /// GPU device nodes already in the spec (device plugins' DeviceSpecs and CDI devices, DRA
+    /// claims, `--device`): always read, whatever `allocation.dialects` says
+    /// ([`crate::allocation::spec_devices`]).
+    Devices,
 }
 
 impl Dialect {
@@ -158,6 +170,7 @@ impl Dialect {
             Dialect::Gpushare => "gpushare",
             Dialect::Nvidia => "nvidia",
             Dialect::Kai => "kai",
+            Dialect::Devices => "devices",
         }
     }
 }
@@ -279,6 +292,40 @@ pub struct KubeletConfig {
     pub dra_checkpoint: PathBuf,
 }
 
+/// The static and dynamic spec directories, with their priority (the dynamic one wins).
+pub const DEFAULT_CDI_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
+
+/// `[cdi]`: the CDI spec directories the engine resolves CDI devices from (containerd's and
+/// CRI-O's `cdi_spec_dirs`; `gpufence runtime configure` writes the engine's). Later
+/// directories win a conflict, as in the engines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct CdiConfig {
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            spec_dirs: DEFAULT_CDI_SPEC_DIRS
+                .iter()
+                .map(|(d, _)| PathBuf::from(d))
+                .collect(),
+        }
+    }
+}
+
+impl CdiConfig {
+    /// The directories with their priority (later wins).
+    pub fn dirs(&self) -> Vec<(PathBuf, u8)> {
+        self.spec_dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.clone(), u8::try_from(i).unwrap_or(u8::MAX)))
+            .collect()
+    }
+}
+
 /// Where kubelet (default `--root-dir`) writes its device-manager checkpoint.
 pub const DEFAULT_KUBELET_CHECKPOINT: &str =
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
@@ -307,6 +354,22 @@ pub struct AllocationConfig {
     pub trust_libpod_annotations: bool,
     /// Who may grant GPUs by annotation on a CRI container ([`crate::allocation::backing`]).
     pub trust_annotations: TrustAnnotations,
+    /// GPU device nodes in the spec of a container not created through CRI (podman
+    /// `--device`, docker `--gpus`): fenced as whole GPUs, or refused.
+    pub non_cri_devices: NonCriDevices,
+}
+
+/// `allocation.non-cri-devices`: what a GPU device node in the spec of a container that no
+/// kubelet record can back (not created through CRI) becomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NonCriDevices {
+    /// The device is the container's allocation: exact nodes, driver files, shim, and a quota of
+    /// the whole GPU (narrowed by gpufence's annotations where those are believed).
+    #[default]
+    Fence,
+    /// The container is refused.
+    Refuse,
 }
 
 impl Default for AllocationConfig {
@@ -316,6 +379,7 @@ impl Default for AllocationConfig {
             trust_env: TrustEnv::default(),
             trust_libpod_annotations: false,
             trust_annotations: TrustAnnotations::default(),
+            non_cri_devices: NonCriDevices::default(),
         }
     }
 }
@@ -502,6 +566,14 @@ impl Config {
                     why: "must be an absolute path",
                 });
             }
+        }
+        if let Some(p) = self.cdi.spec_dirs.iter().find(|p| !p.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                path,
+                key: "cdi.spec-dirs",
+                value: p.display().to_string(),
+                why: "every directory must be an absolute path",
+            });
         }
         self.sharing.validate(&path)?;
         for (key, v) in [

@@ -181,6 +181,16 @@ impl Claim {
         sorted_ids(self.devices().map(|(_, d)| d))
     }
 
+    /// The CDI device ids of the devices the claim holds a share of (`ShareID` set), sorted,
+    /// without repeats.
+    pub fn shared_cdi_ids(&self) -> Vec<&str> {
+        sorted_ids(
+            self.devices()
+                .map(|(_, d)| d)
+                .filter(|d| d.share_id.is_some()),
+        )
+    }
+
     /// The CDI device ids kubelet gives a container that names `request` of this claim
     /// (`resources.claims[].request`): those of devices recorded for that request, for one of
     /// its subrequests (`request/sub`, prioritized lists), or for no request in particular; an

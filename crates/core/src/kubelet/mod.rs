@@ -147,6 +147,10 @@ pub struct DraClaimRecord {
     pub claim: String,
     /// The CDI device ids the drivers prepared for it (`vendor/class=name`).
     pub cdi_device_ids: Vec<String>,
+    /// Those of devices the claim holds a share of (KEP-5075 `ShareID`): the share itself is
+    /// read from the driver's CDI spec ([`crate::allocation::dra_share`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_cdi_ids: Vec<String>,
 }
 
 impl ContainerRecord {

@@ -74,6 +74,16 @@ impl Default for CdiSource {
     }
 }
 
+impl CdiSource {
+    /// The node's CDI directories (`cdi.spec-dirs`), read only when needed.
+    pub fn of(cfg: &Config) -> CdiSource {
+        CdiSource {
+            dirs: cfg.cdi.dirs(),
+            always: false,
+        }
+    }
+}
+
 /// What the front door found.
 #[derive(Debug)]
 pub struct Intake {
@@ -141,7 +151,12 @@ pub fn intake_request(
         Ok(inv) => out.inventory = inv,
         Err(e) => out.inventory_error = Some(e),
     }
-    let specs = if cdi.always || out.request.wants_cdi() {
+    // GPU device nodes in the spec: kubelet's CDI devices are resolved through the specs.
+    let gpu_nodes = out.request.devices.iter().any(|d| {
+        crate::allocation::spec_devices::node_of(&out.inventory, (d.kind, d.major, d.minor))
+            .is_some()
+    });
+    let specs = if cdi.always || out.request.wants_cdi() || gpu_nodes {
         let (specs, errors) = crate::cdi::load_spec_dirs(&cdi.dirs);
         for e in &errors {
             tracing::warn!(container = id, error = %e, "CDI spec skipped");

@@ -15,9 +15,12 @@ pub mod cgroup;
 pub mod env;
 pub mod folders;
 pub mod intake;
+mod log;
 pub mod mounts;
 pub mod nodes;
 pub mod quota;
+
+pub use log::log_decision;
 
 /// Where the per-container state directory appears inside the container.
 pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";

@@ -22,7 +22,7 @@ impl Host for RealHost {
         let mut cmd = std::process::Command::new(prog);
         cmd.args(args).stdin(std::process::Stdio::null());
         if root != Path::new("/") {
-            crate::runtime::cli::chroot_into(&mut cmd, root).map_err(|e| e.message)?;
+            crate::chroot_into(&mut cmd, root).map_err(|e| e.message)?;
         }
         let out = cmd.output().map_err(|e| format!("{prog}: {e}"))?;
         if out.status.success() {

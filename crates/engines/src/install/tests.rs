@@ -414,3 +414,34 @@ fn install_mode_nri_on_crio_writes_its_drop_in_and_plugin_and_uninstall_reverses
 
     again_then_uninstall(&o, &host, &before);
 }
+
+#[test]
+fn install_writes_the_engines_cdi_dirs_and_says_when_they_disagree() {
+    let (host, o) = setup("cdi-dirs", Engine::Containerd);
+    let with_dirs = format!(
+        "{CONTAINERD}[plugins.\"io.containerd.grpc.v1.cri\"]\n  enable_cdi = true\n  cdi_spec_dirs = [\"/opt/cdi\", \"/var/run/cdi\"]\n"
+    );
+    std::fs::write(host.join("etc/containerd/config.toml"), &with_dirs).unwrap();
+    std::fs::create_dir_all(host.join("run/systemd/system")).unwrap();
+    let before = tree(&host);
+    let mut h = RecordingHost::default();
+    install(&o, &mut h).unwrap();
+    let text = std::fs::read_to_string(host.join("etc/gpufence/config.toml")).unwrap();
+    let cfg = crate::config::Config::from_toml(&text, Path::new(HOST_CONFIG)).unwrap();
+    assert_eq!(
+        cfg.cdi.spec_dirs,
+        [PathBuf::from("/opt/cdi"), PathBuf::from("/var/run/cdi")]
+    );
+    again_then_uninstall(&o, &host, &before);
+
+    // An existing config.toml is kept, and the disagreement said plainly.
+    std::fs::create_dir_all(host.join("etc/gpufence")).unwrap();
+    std::fs::write(host.join("etc/gpufence/config.toml"), "# the operator's\n").unwrap();
+    let report = install(&o, &mut RecordingHost::default()).unwrap();
+    assert!(
+        report
+            .iter()
+            .any(|l| l.starts_with("CDI directories disagree") && l.contains("/opt/cdi")),
+        "{report:?}"
+    );
+}

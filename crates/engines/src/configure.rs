@@ -16,17 +16,7 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{Array, DocumentMut, Item, Table, value};
 
-/// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
-/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
-/// into the OCI spec by containerd's `pod_annotations` / `container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
-    "gpufence.dev/*",
-    "cdi.k8s.io/*",
-    "aliyun.com/gpu-count",
-    "hami.io/vgpu-devices-allocated",
-    "ALIYUN_COM_GPU_MEM_*",
-    "nvidia.com/container.*",
-];
+pub use gpufence_core::allocation::ANNOTATION_ALLOW_LIST;
 
 /// The line `configure` prints about the node's trust mode: what the allow-listed annotations
 /// it passes into containers are worth (`allocation.trust-annotations`,
@@ -69,6 +59,14 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The engine's name, as messages say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Containerd => "containerd",
+            Engine::Crio => "CRI-O",
+            Engine::Docker => "docker",
+        }
+    }
     pub fn default_config(self) -> &'static str {
         match self {
             Engine::Containerd => "/etc/containerd/config.toml",
@@ -103,7 +101,7 @@ pub enum Mode {
     #[default]
     Runtime,
     /// The NRI plugin (containerd ≥ 2.2): NRI enabled, its default validator requiring the
-    /// plugin (`super::nri_config`).
+    /// plugin (`crate::nri_config`).
     Nri,
 }
 
@@ -193,7 +191,7 @@ pub fn plan_writes_at(
 }
 
 /// [`plan_writes_at`] for the applier `mode`: with [`Mode::Nri`] (containerd, CRI-O) the drop-in
-/// enables NRI and requires the plugin named `handler` ([`super::nri_config`]); `binary` is
+/// enables NRI and requires the plugin named `handler` ([`crate::nri_config`]); `binary` is
 /// then unused.
 pub fn plan_writes_mode(
     root: &Path,
@@ -215,7 +213,7 @@ pub fn plan_writes_mode(
     }
     let here = |p: &Path| in_root(root, p);
     if mode == Mode::Nri {
-        return super::nri_config::plan_writes(root, engine, config, handler);
+        return crate::nri_config::plan_writes(root, engine, config, handler);
     }
     let drop_in = drop_in_path(engine, config, handler);
     match (engine, drop_in) {

@@ -40,21 +40,17 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, value};
 
-use super::configure::{
+use crate::configure::{
     ConfigureError, Engine, FileWrite, add_import, drop_in_path, file_write, in_root,
     parse_containerd, read_optional, string_array,
 };
-use super::unconfigure::OWN_FILE_MARK;
+use crate::unconfigure::OWN_FILE_MARK;
 
 /// containerd's NRI plugin (config version 3 and 4).
 pub const NRI_PLUGIN: &str = "io.containerd.nri.v1.nri";
 /// NRI's default directory of pre-registered plugins.
 pub const DEFAULT_PLUGIN_PATH: &str = "/opt/nri/plugins";
-/// The plugin index gpufence registers with (pre-registered file name and DaemonSet): late, so
-/// that gpufence sees the container as every earlier plugin left it (their env, mounts,
-/// devices) and no later plugin can silently take back what gpufence set — NRI refuses a
-/// second plugin's adjustment of a mount, device or env variable another plugin claimed.
-pub const PLUGIN_INDEX: &str = "90";
+pub use gpufence_core::config::NRI_PLUGIN_INDEX as PLUGIN_INDEX;
 
 /// The name the configuration for plugin `name` is kept under (drop-in, record): `<name>-nri`.
 pub fn config_name(name: &str) -> String {

@@ -4,28 +4,8 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use crate::{real, state};
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Memory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-const NVML_ERROR_UNINITIALIZED: c_int = 1;
-const NVML_ERROR_UNKNOWN: c_int = 999;
+use crate::ffi::{NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NvmlMemory, NvmlMemoryV2, Ptr};
+use crate::{enforce, real, state};
 
 fn acct_for(device: *mut c_void) -> Option<(state::Acct, u64)> {
     let cfg = state::config()?;
@@ -45,15 +25,7 @@ fn acct_for(device: *mut c_void) -> Option<(state::Acct, u64)> {
     Some((a, cfg.region.used(a.idx)))
 }
 
-/// (total, used, free) of the slice given the device's real (total, free, reserved).
-pub fn slice(limit: u64, charged: u64, total: u64, free: u64, reserved: u64) -> (u64, u64, u64) {
-    let t = total.min(limit);
-    let used = charged.min(t);
-    let f = free.min(t.saturating_sub(used.saturating_add(reserved)));
-    (t, used, f)
-}
-
-pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
+fn get_memory_info(device: *mut c_void, mem: *mut NvmlMemory) -> c_int {
     let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
         return NVML_ERROR_UNINITIALIZED;
     };
@@ -65,8 +37,8 @@ pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
     if let Some((a, charged)) = acct_for(device) {
         // SAFETY: non-null, just filled by NVML.
         let m = unsafe { &mut *mem };
-        let (t, u, fr) = slice(a.limit, charged, m.total, m.free, 0);
-        *m = Memory {
+        let (t, u, fr) = enforce::slice(a.limit, charged, m.total, m.free, 0);
+        *m = NvmlMemory {
             total: t,
             free: fr,
             used: u,
@@ -75,7 +47,7 @@ pub fn get_memory_info(device: *mut c_void, mem: *mut Memory) -> c_int {
     r
 }
 
-pub fn get_memory_info_v2(device: *mut c_void, mem: *mut MemoryV2) -> c_int {
+fn get_memory_info_v2(device: *mut c_void, mem: *mut NvmlMemoryV2) -> c_int {
     let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
         return NVML_ERROR_UNINITIALIZED;
     };
@@ -89,7 +61,7 @@ pub fn get_memory_info_v2(device: *mut c_void, mem: *mut MemoryV2) -> c_int {
         let m = unsafe { &mut *mem };
         let t = m.total.min(a.limit);
         let reserved = m.reserved.min(t);
-        let (t, u, fr) = slice(a.limit, charged, m.total, m.free, reserved);
+        let (t, u, fr) = enforce::slice(a.limit, charged, m.total, m.free, reserved);
         m.total = t;
         m.reserved = reserved;
         m.used = u;
@@ -98,6 +70,17 @@ pub fn get_memory_info_v2(device: *mut c_void, mem: *mut MemoryV2) -> c_int {
     r
 }
 
-pub fn guard(f: impl FnOnce() -> c_int) -> c_int {
+/// Runs an NVML export's body; a panic becomes `NVML_ERROR_UNKNOWN` instead of unwinding into C.
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Ptr, mem: *mut NvmlMemory) -> c_int {
+    guard(|| get_memory_info(device, mem))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Ptr, mem: *mut NvmlMemoryV2) -> c_int {
+    guard(|| get_memory_info_v2(device, mem))
 }

@@ -14,16 +14,15 @@
 //! Both are idempotent (nothing changed means no restart) and have a dry run. Paths written into
 //! files (the runtime binary, the drop-in) are the host's; files are reached under the host root.
 
-pub mod cli;
 pub mod host;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::configure::{Engine, Mode, in_root};
-use crate::runtime::nri_config;
-use crate::runtime::unconfigure::{self, ApplyError, Target};
+use crate::configure::{Engine, Mode, in_root};
+use crate::nri_config;
+use crate::unconfigure::{self, ApplyError, Target};
 use host::Host;
 
 /// Where gpufence lives on the host (the .deb's layout).
@@ -35,7 +34,7 @@ pub const HOST_STATE: &str = "/var/lib/gpufence";
 const MANIFEST: &str = "install.json";
 
 /// The node configuration installed when the host has none (`packaging/config.toml`).
-pub const DEFAULT_CONFIG: &str = include_str!("../../packaging/config.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../../../packaging/config.toml");
 
 /// How the engine is restarted after its configuration changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -324,19 +323,40 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
     }
 
     let cfg = o.here(Path::new(HOST_CONFIG));
+    let engine_cdi = crate::cdi_dirs::of_engine(&o.host_root, o.engine, &o.engine_config);
+    if let Err(e) = &engine_cdi {
+        report.push(format!(
+            "CDI directories: {}'s cdi_spec_dirs cannot be read ({e}); gpufence resolves CDI \
+             devices from cdi.spec-dirs",
+            o.engine.name()
+        ));
+    }
+    let engine_cdi = engine_cdi.ok().flatten();
     if cfg.exists() {
         m.config = previous.as_ref().and_then(|p| p.config.clone());
         report.push(format!("{}: kept (exists)", cfg.display()));
+        let text = std::fs::read_to_string(&cfg).map_err(io(&cfg))?;
+        if let (Ok(c), Some(dirs)) = (
+            crate::config::Config::from_toml(&text, Path::new(HOST_CONFIG)),
+            &engine_cdi,
+        ) && let Some(line) = crate::cdi_dirs::disagreement(&c, o.engine, dirs)
+        {
+            report.push(line);
+        }
     } else {
+        let config_text = match &engine_cdi {
+            Some(dirs) => crate::cdi_dirs::with_spec_dirs(DEFAULT_CONFIG, dirs),
+            None => DEFAULT_CONFIG.to_string(),
+        };
         ensure_dir(
             o,
             Path::new(HOST_CONFIG).parent().unwrap_or(Path::new("/")),
             &mut m,
         )?;
         if !o.dry_run {
-            put(&cfg, DEFAULT_CONFIG.as_bytes(), 0o644)?;
+            put(&cfg, config_text.as_bytes(), 0o644)?;
         }
-        m.config = Some(DEFAULT_CONFIG.to_string());
+        m.config = Some(config_text);
         report.push(format!(
             "{} {}",
             if o.dry_run { "would write" } else { "wrote" },
@@ -344,7 +364,7 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
         ));
     }
 
-    crate::runtime::cli::check_real_runtime(&o.host_root, o.allow_vulnerable_runtime)
+    crate::check_real_runtime(&o.host_root, o.allow_vulnerable_runtime)
         .map_err(InstallError::Runtime)?;
     ensure_dir(o, &Path::new(HOST_STATE).join("configure"), &mut m)?;
     let engine_report = unconfigure::apply_configure(&o.target(), o.dry_run)?;
@@ -377,7 +397,7 @@ fn install_nri_plugin(
     report: &mut Vec<String>,
 ) -> Result<bool, InstallError> {
     let dir = if o.engine == Engine::Crio {
-        let own = crate::runtime::configure::drop_in_path(
+        let own = crate::configure::drop_in_path(
             o.engine,
             &o.engine_config,
             &nri_config::config_name(&o.handler),

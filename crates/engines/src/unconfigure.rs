@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::configure::{self, ConfigureError, Engine, FileWrite};
+use crate::configure::{self, ConfigureError, Engine, FileWrite};
 
 /// First line of every file gpufence writes itself (its drop-ins).
 pub const OWN_FILE_MARK: &str = "# Written by `gpufence runtime configure";
@@ -293,7 +293,7 @@ impl Target {
     pub fn config_name(&self) -> String {
         match self.mode {
             configure::Mode::Runtime => self.handler.clone(),
-            configure::Mode::Nri => super::nri_config::config_name(&self.handler),
+            configure::Mode::Nri => crate::nri_config::config_name(&self.handler),
         }
     }
     pub fn record_path(&self) -> PathBuf {

@@ -6,16 +6,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::{CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUresult, Ptr, cores, guard, real};
-
-macro_rules! real_or {
-    ($f:ident) => {
-        match real::$f() {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
+use super::{guard, real_or};
+use crate::cores;
+use crate::ffi::{CUDA_SUCCESS, CUresult, LaunchConfigHead, Ptr};
 
 /// Admit, launch, and close the measurement when this launch was sampled.
 #[inline(always)]
@@ -89,15 +82,6 @@ macro_rules! launch_cooperative {
 }
 launch_cooperative!(cuLaunchCooperativeKernel, false);
 launch_cooperative!(cuLaunchCooperativeKernel_ptsz, true);
-
-/// `CUlaunchConfig` up to the stream.
-#[repr(C)]
-struct LaunchConfigHead {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    stream: usize,
-}
 
 macro_rules! launch_ex {
     ($name:ident, $ptsz:expr) => {

@@ -2,9 +2,9 @@
 //! runtime|nri] [--dry-run]`.
 use std::path::{Path, PathBuf};
 
-use super::{Options, Restart, Sources};
+use crate::engines::configure::{Engine, Mode};
+use crate::engines::install::{Options, Restart, Sources};
 use crate::exit::Exit;
-use crate::runtime::configure::{Engine, Mode};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -73,11 +73,12 @@ impl Args {
     }
 }
 
-fn exit(e: super::InstallError) -> Exit {
+fn exit(e: crate::engines::install::InstallError) -> Exit {
     match e {
-        super::InstallError::Engine(e) => crate::runtime::cli::apply_exit(e),
-        super::InstallError::Runtime(e) => e,
-        super::InstallError::Manifest { .. } | super::InstallError::HostRoot(_) => Exit::invalid(e),
+        crate::engines::install::InstallError::Engine(e) => crate::engines::apply_exit(e),
+        crate::engines::install::InstallError::Runtime(e) => e,
+        crate::engines::install::InstallError::Manifest { .. }
+        | crate::engines::install::InstallError::HostRoot(_) => Exit::invalid(e),
         e => Exit::env(e),
     }
 }
@@ -94,7 +95,8 @@ pub fn install(args: Args) -> Result<(), Exit> {
             .map_err(|e| Exit::env(format!("sigprocmask: {e}")))?;
     }
     let o = args.options()?;
-    let report = super::install(&o, &mut super::host::RealHost).map_err(exit)?;
+    let report = crate::engines::install::install(&o, &mut crate::engines::install::host::RealHost)
+        .map_err(exit)?;
     print(&report);
     if wait {
         use std::io::Write;
@@ -113,7 +115,9 @@ pub fn uninstall(args: Args) -> Result<(), Exit> {
         return Err(Exit::invalid("--wait: only for install"));
     }
     let o = args.options()?;
-    let report = super::uninstall(&o, &mut super::host::RealHost).map_err(exit)?;
+    let report =
+        crate::engines::install::uninstall(&o, &mut crate::engines::install::host::RealHost)
+            .map_err(exit)?;
     print(&report);
     Ok(())
 }

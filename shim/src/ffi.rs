@@ -1,0 +1,84 @@
+//! The C side of the boundary: the CUDA driver's and NVML's types and codes the shim reads or
+//! returns, laid out as the driver's headers lay them out (`repr(C)`). Nothing here calls
+//! anything; every other file of the shim may use it.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+// ---------------------------------------------------------------------------------------------
+// CUDA driver API (cuda.h)
+
+pub type CUresult = c_int;
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+/// `CU_MEM_ATTACH_GLOBAL`
+pub const ATTACH_GLOBAL: c_uint = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`
+pub const LOCATION_DEVICE: c_int = 1;
+
+pub type Ptr = *mut c_void;
+
+/// `CUmemAllocationProp` / `CUmemPoolProps` share this head: type, handle types, location.
+#[repr(C)]
+pub struct PropHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`
+#[repr(C)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`
+#[repr(C)]
+pub struct Array3dDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUlaunchConfig` up to the stream.
+#[repr(C)]
+pub struct LaunchConfigHead {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub stream: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVML (nvml.h)
+
+pub const NVML_ERROR_UNINITIALIZED: c_int = 1;
+pub const NVML_ERROR_UNKNOWN: c_int = 999;
+
+/// `nvmlMemory_t`
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
