@@ -141,14 +141,14 @@ impl PlanHandler {
         let path = self
             .cfg
             .container_state_dir(id)
-            .join(crate::status::meta::FILE_NAME);
+            .join(crate::state::meta::FILE_NAME);
         let bytes = std::fs::read(&path).map_err(|e| {
             format!(
                 "gpufence state without its record ({}: {e})",
                 path.display()
             )
         })?;
-        let meta = crate::status::meta::Meta::parse(&bytes)
+        let meta = crate::state::meta::Meta::parse(&bytes)
             .map_err(|e| format!("gpufence record {}: {e}", path.display()))?;
         let inv = (self.load_inventory)(&self.cfg)
             .map_err(|e| format!("its record cannot be checked, inventory unavailable: {e}"))?;
@@ -313,7 +313,7 @@ impl Handler for PlanHandler {
         }
         let t = std::time::Instant::now();
         let outcome = self.fence(rt, ctr, &majors);
-        crate::status::refusals::count(&self.cfg.state_dir, Reason::Unfenced);
+        crate::state::refusals::count(&self.cfg.state_dir, Reason::Unfenced);
         let fence_us = t.elapsed().as_micros() as u64;
         match outcome {
             Ok(how) => {
@@ -534,7 +534,7 @@ mod tests {
             ("io.podman.annotations.autoremove", "FALSE"),
         ] {
             let mut c = ctr(&[marker], &[]);
-            c.mounts = vec![crate::nri::api::Mount {
+            c.mounts = vec![crate::api::Mount {
                 destination: "/var/run/nvidia-container-devices/0".into(),
                 source: "/dev/null".into(),
                 r#type: "bind".into(),
@@ -548,13 +548,13 @@ mod tests {
 
     /// Records the updates asked of the runtime; applies none.
     #[derive(Default)]
-    struct Rt(std::sync::Mutex<Vec<crate::nri::api::ContainerUpdate>>);
+    struct Rt(std::sync::Mutex<Vec<crate::api::ContainerUpdate>>);
 
     impl Runtime for Rt {
         fn update_containers(
             &self,
-            update: Vec<crate::nri::api::ContainerUpdate>,
-        ) -> Result<Vec<crate::nri::api::ContainerUpdate>, String> {
+            update: Vec<crate::api::ContainerUpdate>,
+        ) -> Result<Vec<crate::api::ContainerUpdate>, String> {
             self.0.lock().unwrap().extend(update);
             Ok(Vec::new())
         }
@@ -562,7 +562,7 @@ mod tests {
 
     /// A running container holding the test inventory's GPU 0 node (195:0).
     fn holding_gpu0(id: &str, pid: u32) -> Container {
-        use crate::nri::api::{ContainerState, LinuxContainer, LinuxDevice};
+        use crate::api::{ContainerState, LinuxContainer, LinuxDevice};
         Container {
             id: id.into(),
             name: "app".into(),
@@ -583,7 +583,7 @@ mod tests {
     }
 
     fn unfenced_count(dir: &std::path::Path) -> u64 {
-        crate::status::refusals::read(&dir.join("state"))
+        crate::state::refusals::read(&dir.join("state"))
             .into_iter()
             .find(|(r, _)| r.as_str() == "unfenced")
             .map_or(0, |(_, n)| n)

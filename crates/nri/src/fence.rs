@@ -299,7 +299,7 @@ fn kill_checked(pid: u32, id: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nri::api::{LinuxContainer, LinuxDevice};
+    use crate::api::{LinuxContainer, LinuxDevice};
 
     fn rule(
         allow: bool,
