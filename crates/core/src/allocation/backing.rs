@@ -16,8 +16,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::container_dialects::{
+    NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing,
+};
 use super::devices::{Resolved, all_devices, describe, resolve_token, split_list};
-use super::dialects::{NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
 use super::dra_share::Share;
 use super::spec_devices::{NodeKey, devices_of, node_at};
 use super::{AllocationError, DeviceRef, ForeignCdiDevice};

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::dialects::{self, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES};
+use super::container_dialects::{self, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES};
 use super::input::Inputs;
 use super::{AllocationError, Intake, short};
 use crate::config::{Config, TrustEnv};
@@ -20,14 +20,14 @@ use crate::kubelet::{ContainerRecord, KubeletSource};
 pub fn is_gpu_env_key(k: &str) -> bool {
     k == NVIDIA_VISIBLE_DEVICES
         || k == NVIDIA_DRIVER_CAPABILITIES
-        || dialects::is_hami_key(k)
-        || k.starts_with(dialects::ALIYUN_PREFIX)
+        || container_dialects::is_hami_key(k)
+        || k.starts_with(container_dialects::ALIYUN_PREFIX)
 }
 
 /// Env entries that ask for a GPU (as opposed to `NVIDIA_VISIBLE_DEVICES=void` or capabilities).
 fn asks_for_gpu(k: &str, v: &str) -> bool {
     if k == NVIDIA_VISIBLE_DEVICES {
-        return !dialects::nvd_requests_nothing(v);
+        return !container_dialects::nvd_requests_nothing(v);
     }
     k != NVIDIA_DRIVER_CAPABILITIES && is_gpu_env_key(k)
 }
@@ -179,8 +179,9 @@ pub fn view(
 pub fn neutralise_unrecorded(v: &View, replaced_by_plan: bool, intake: &mut Intake) {
     // Every occurrence of a duplicated key counts (the toolkit's env map keeps the last): the
     // one reported is the first that asks for devices, else the first.
-    let asks =
-        |k: &str, val: &str| k != NVIDIA_VISIBLE_DEVICES || !dialects::nvd_requests_nothing(val);
+    let asks = |k: &str, val: &str| {
+        k != NVIDIA_VISIBLE_DEVICES || !container_dialects::nvd_requests_nothing(val)
+    };
     let mut done: Vec<&str> = Vec::new();
     for (k, val) in &v.unrecorded {
         if done.contains(&k.as_str()) {
@@ -197,7 +198,7 @@ pub fn neutralise_unrecorded(v: &View, replaced_by_plan: bool, intake: &mut Inta
         let replacement = if k == NVIDIA_VISIBLE_DEVICES {
             if replaced_by_plan {
                 Some("the allocated devices".to_string())
-            } else if !dialects::nvd_requests_nothing(val) {
+            } else if !container_dialects::nvd_requests_nothing(val) {
                 intake
                     .env_overrides
                     .push(format!("{NVIDIA_VISIBLE_DEVICES}=void"));

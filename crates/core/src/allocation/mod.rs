@@ -144,19 +144,19 @@ impl AllocationError {
 mod agree;
 pub mod backing;
 pub mod compute;
+pub mod container_dialects;
 pub mod devices;
-pub mod dialects;
 pub mod dra_share;
 pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
+pub mod pod_dialects;
 pub mod record;
 pub mod replicas;
-pub mod scheduler;
 pub mod spec_devices;
 
+use container_dialects::Part;
 use devices::{Resolved, describe};
-use dialects::Part;
 use input::Inputs;
 
 pub(crate) use crate::text::short;
@@ -253,7 +253,7 @@ pub fn read_request(
     spec_devices::check_rest(&subject, recorded.as_ref(), &borne, devices.len())?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
-        parts.push(dialects::gpufence_limits(inputs, &devices)?);
+        parts.push(container_dialects::gpufence_limits(inputs, &devices)?);
         origins.push(Origin::Annotation);
     }
     let mut memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
@@ -335,7 +335,7 @@ pub fn read_request(
 /// kubelet for this container — the annotation applies as a pod annotation does.)
 fn gpushare_needs_kubelet(
     view: &kubelet_env::View,
-    parts: &[dialects::Part],
+    parts: &[container_dialects::Part],
 ) -> Result<(), AllocationError> {
     let unavailable = view.report.as_ref().filter(|r| r.status == "unavailable");
     let Some(r) = unavailable else {
@@ -414,29 +414,32 @@ fn read_parts(
     let mut parts: Vec<(Part, Origin)> = Vec::new();
     if ac.enabled(Dialect::Gpufence) {
         parts.push((
-            dialects::gpufence_devices(inputs, inventory)?,
+            container_dialects::gpufence_devices(inputs, inventory)?,
             Origin::Annotation,
         ));
     }
     if ac.enabled(Dialect::Cdi) {
         parts.push((
-            dialects::cdi(inputs, inventory, cdi_specs)?,
+            container_dialects::cdi(inputs, inventory, cdi_specs)?,
             Origin::Annotation,
         ));
     }
     if ac.honours(Dialect::Hami) {
-        parts.push((dialects::hami(inputs, inventory)?, env_origin));
+        parts.push((container_dialects::hami(inputs, inventory)?, env_origin));
     }
     if ac.honours(Dialect::Gpushare) {
-        parts.push((dialects::gpushare(inputs, inventory, config)?, env_origin));
-    }
-    if ac.enabled(Dialect::Nvidia) {
         parts.push((
-            dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            container_dialects::gpushare(inputs, inventory, config)?,
             env_origin,
         ));
     }
-    for p in scheduler::read(inputs, inventory, config, record)? {
+    if ac.enabled(Dialect::Nvidia) {
+        parts.push((
+            container_dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            env_origin,
+        ));
+    }
+    for p in pod_dialects::read(inputs, inventory, config, record)? {
         parts.push((p, Origin::Annotation));
     }
     Ok(parts.into_iter().unzip())
@@ -523,19 +526,19 @@ fn capabilities(
     let ac = &config.allocation;
     let (key, value) = if let Some(v) = inputs
         .annotations
-        .get(dialects::ANN_CAPABILITIES)
+        .get(container_dialects::ANN_CAPABILITIES)
         .filter(|_| ac.enabled(Dialect::Gpufence))
     {
-        (dialects::ANN_CAPABILITIES, v.as_str())
+        (container_dialects::ANN_CAPABILITIES, v.as_str())
     } else if ac.honours(Dialect::Nvidia)
-        && let Some(v) = inputs.env_var(dialects::NVIDIA_DRIVER_CAPABILITIES)?
+        && let Some(v) = inputs.env_var(container_dialects::NVIDIA_DRIVER_CAPABILITIES)?
     {
-        (dialects::NVIDIA_DRIVER_CAPABILITIES, v)
+        (container_dialects::NVIDIA_DRIVER_CAPABILITIES, v)
     } else {
-        if let Some(v) = inputs.env_first(dialects::NVIDIA_DRIVER_CAPABILITIES) {
+        if let Some(v) = inputs.env_first(container_dialects::NVIDIA_DRIVER_CAPABILITIES) {
             intake.notes.push(format!(
                 "ignored untrusted {}={:?} (nvidia env is not trusted); using {}",
-                dialects::NVIDIA_DRIVER_CAPABILITIES,
+                container_dialects::NVIDIA_DRIVER_CAPABILITIES,
                 short(v),
                 "compute,utility"
             ));
@@ -597,7 +600,7 @@ fn neutralise(
     let nvd: Vec<&str> = inputs
         .env
         .iter()
-        .filter(|(k, _)| k == dialects::NVIDIA_VISIBLE_DEVICES)
+        .filter(|(k, _)| k == container_dialects::NVIDIA_VISIBLE_DEVICES)
         .map(|(_, v)| v.as_str())
         .collect();
     let asks = |v: &str| !matches!(v.trim(), "" | "void");
@@ -607,31 +610,32 @@ fn neutralise(
             // The plan sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs anyway.
             intake.notes.push(format!(
                 "ignored {}={:?} (replaced by the allocated devices): {}",
-                dialects::NVIDIA_VISIBLE_DEVICES,
+                container_dialects::NVIDIA_VISIBLE_DEVICES,
                 short(v),
                 why(Dialect::Nvidia)
             ));
         } else if asks(v) {
-            intake
-                .env_overrides
-                .push(format!("{}=void", dialects::NVIDIA_VISIBLE_DEVICES));
+            intake.env_overrides.push(format!(
+                "{}=void",
+                container_dialects::NVIDIA_VISIBLE_DEVICES
+            ));
             intake.notes.push(format!(
                 "neutralised {}={:?} to void: {}",
-                dialects::NVIDIA_VISIBLE_DEVICES,
+                container_dialects::NVIDIA_VISIBLE_DEVICES,
                 short(v),
                 why(Dialect::Nvidia)
             ));
         }
     }
     if !ac.honours(Dialect::Hami) {
-        for k in inputs.env_keys(dialects::is_hami_key) {
+        for k in inputs.env_keys(container_dialects::is_hami_key) {
             intake
                 .notes
                 .push(format!("ignored {k}: {}", why(Dialect::Hami)));
         }
     }
     if !ac.honours(Dialect::Gpushare) {
-        for k in inputs.env_keys(|k| k.starts_with(dialects::ALIYUN_PREFIX)) {
+        for k in inputs.env_keys(|k| k.starts_with(container_dialects::ALIYUN_PREFIX)) {
             intake
                 .notes
                 .push(format!("ignored {k}: {}", why(Dialect::Gpushare)));

@@ -18,8 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::container_dialects::ANN_CORES_POLICY;
 use super::devices::{Resolved, describe, resolve_token};
-use super::dialects::ANN_CORES_POLICY;
 use super::input::Inputs;
 use super::{AllocationError, DeviceRef, FacetSource, Origin};
 use crate::config::{Config, CoresPolicy, Dialect, ReplicasPolicy};

@@ -17,8 +17,8 @@
 //! device of the node anyway. Pure.
 
 use super::backing::{Recorded, Subject};
+use super::container_dialects::{Facet, Part};
 use super::devices::Resolved;
-use super::dialects::{Facet, Part};
 use super::input::{Inputs, SpecDevice};
 use super::{AllocationError, DeviceRef};
 use crate::config::{Dialect, NonCriDevices, TrustAnnotations};

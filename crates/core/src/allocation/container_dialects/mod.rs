@@ -4,17 +4,17 @@
 //!
 //! One file per dialect; this module holds what they share and re-exports them.
 
-mod cdi;
-mod gpufence;
-mod gpushare;
-mod hami;
-mod nvidia;
+mod cdi_annotations;
+mod gpufence_annotations;
+mod gpushare_env;
+mod hami_env;
+mod nvidia_env;
 
-pub use cdi::*;
-pub use gpufence::*;
-pub use gpushare::*;
-pub use hami::*;
-pub use nvidia::*;
+pub use cdi_annotations::*;
+pub use gpufence_annotations::*;
+pub use gpushare_env::*;
+pub use hami_env::*;
+pub use nvidia_env::*;
 
 use crate::allocation::ForeignCdiDevice;
 use crate::allocation::devices::Resolved;
