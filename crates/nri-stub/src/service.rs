@@ -428,7 +428,14 @@ mod tests {
             why.contains("container c1: gpufence nri: no decision within 150ms"),
             "{why}"
         );
-        // A handler panic is a refusal too.
+        // A handler panic is a refusal too (under NRI's default timeout again: with
+        // RUST_BACKTRACE set, the panic's backtrace alone can take longer than 150 ms).
+        let cfg = api::ConfigureRequest {
+            request_timeout: 2000,
+            ..Default::default()
+        };
+        s.call(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec())
+            .unwrap();
         let (code, why) = s
             .call(PLUGIN_SERVICE, "CreateContainer", &create("panic"))
             .unwrap_err();
