@@ -75,7 +75,7 @@ pub fn plan_writes_at(
     plan_writes_mode(root, engine, config, binary, handler, Mode::Runtime)
 }
 
-/// [`plan_writes_at`] for the applier `mode`: with [`Mode::Nri`] (containerd only) the drop-in
+/// [`plan_writes_at`] for the applier `mode`: with [`Mode::Nri`] (containerd, CRI-O) the drop-in
 /// enables NRI and requires the plugin named `handler` ([`crate::nri_config`]); `binary` is
 /// then unused.
 pub fn plan_writes_mode(

@@ -23,7 +23,7 @@ pub mod plugin;
 pub mod service;
 pub mod ttrpc;
 
-pub use handler::{Gone, Handler};
+pub use handler::{Gone, Handler, Runtime};
 pub use plugin::{
     DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, NRI_VERSION, NriError, Plugin, PluginConfig,
     Stopper, Transport, check_index, check_name,

@@ -21,8 +21,8 @@ use prost::Message;
 
 use crate::api;
 use crate::conn::{Conn, Serve};
-use crate::handler::Handler;
-use crate::service::{RUNTIME_SERVICE, Service};
+use crate::handler::{Handler, Runtime};
+use crate::service::{Check, RUNTIME_SERVICE, Service};
 
 /// How long the runtime gets to answer RegisterPlugin.
 pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,6 +83,36 @@ pub enum Transport {
     Socket(PathBuf),
     /// The connection the runtime handed over (`NRI_PLUGIN_SOCKET`).
     Inherited(OwnedFd),
+}
+
+/// How long the runtime gets to answer an UpdateContainers call.
+pub const UPDATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The runtime's service over one connection.
+struct ConnRuntime(Arc<Conn>);
+
+impl Runtime for ConnRuntime {
+    fn update_containers(
+        &self,
+        update: Vec<api::ContainerUpdate>,
+    ) -> Result<Vec<api::ContainerUpdate>, String> {
+        let req = api::UpdateContainersRequest {
+            update,
+            evict: Vec::new(),
+        };
+        let out = self
+            .0
+            .call(
+                RUNTIME_SERVICE,
+                "UpdateContainers",
+                req.encode_to_vec(),
+                UPDATE_TIMEOUT,
+            )
+            .map_err(|e| e.to_string())?;
+        api::UpdateContainersResponse::decode(out.as_slice())
+            .map(|r| r.failed)
+            .map_err(|e| format!("malformed UpdateContainers answer: {e}"))
+    }
 }
 
 /// Who the plugin is and where it connects.
@@ -240,6 +270,7 @@ impl Plugin {
                 };
             }
         };
+        let fencer = self.start_fencer(&conn);
         let registered = self.register(&conn);
         if !registered {
             conn.shutdown();
@@ -248,10 +279,46 @@ impl Plugin {
             Ok(e) => e.to_string(),
             Err(_) => "reader thread panicked".to_string(),
         };
+        // Ends the fencer's queue; its calls fail fast on the closed connection.
+        self.service.set_fence_queue(None);
+        if let Some(f) = fencer {
+            let _ = f.join();
+        }
         if let Ok(mut cur) = self.control.current.lock() {
             *cur = None;
         }
         Ended { registered, why }
+    }
+
+    /// The connection's after-the-fact worker: the containers the service queues (Synchronize,
+    /// PostStartContainer) checked by the handler off the request path, with this connection
+    /// to call the runtime back. `None` (and no checks) when no thread can be started.
+    fn start_fencer(&self, conn: &Arc<Conn>) -> Option<std::thread::JoinHandle<()>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Check>();
+        let handler = Arc::clone(self.service.handler());
+        let rt = ConnRuntime(Arc::clone(conn));
+        let spawned = std::thread::Builder::new()
+            .name("nri-fence".into())
+            .spawn(move || {
+                for (pod, ctr) in rx {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        handler.after_the_fact(&rt, &pod, &ctr)
+                    }));
+                    if r.is_err() {
+                        tracing::error!(container = %ctr.id, "NRI: after-the-fact check panicked");
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => {
+                self.service.set_fence_queue(Some(tx));
+                Some(t)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "NRI: cannot start the after-the-fact worker; containers created while the plugin was away are not checked");
+                None
+            }
+        }
     }
 
     fn register(&self, conn: &Conn) -> bool {
