@@ -301,7 +301,14 @@ fn a_shared_dra_device_is_held_to_its_share() {
         &[("gpufence.dev/memory", "16Gi")],
     );
     let e = plan(&s, &src, &dra_spec(contract, ""), &config()).unwrap_err();
-    assert!(e.to_string().contains("never raise it"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "gpufence.dev/memory=\"16Gi\": 16 GiB is more than the share of GPU 1 ({}) that DRA \
+             claim team/train-gpu holds (8 GiB); an annotation may lower the share, never raise it",
+            uuid(1)
+        )
+    );
     // HAMi's DRA driver's env.
     let s = cri(&nodes_ref(&gpu_nodes(1)), &[]);
     let hami = "\"CUDA_DEVICE_MEMORY_LIMIT_0=2048m\", \"CUDA_DEVICE_SM_LIMIT=25\"";
