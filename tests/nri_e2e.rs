@@ -26,194 +26,17 @@ mod harness;
 mod runtime_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cri_support::Containerd;
+use cri_support::{
+    Containerd, containerd_config, prerequisites, request as pod, spawn_nri, state_dirs,
+    wait_registered,
+};
 use gpufence::nri::api::{ContainerAdjustment, KeyValue, Mount};
 use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Stopper, Transport, api};
-
-/// The engines' directory, or `None` (a skip with the reason printed) without them.
-fn engines() -> Option<PathBuf> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var_os("ENGINES_DIR").map(PathBuf::from),
-        Some(here.join("../shared/engines/bin")),
-        Some(here.join("../../shared/engines/bin")),
-    ];
-    let found = candidates.into_iter().flatten().find(|d| {
-        ["containerd", "containerd-shim-runc-v2", "runc"]
-            .iter()
-            .all(|b| d.join(b).is_file())
-    });
-    if found.is_none() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("engines (containerd 2.3.4, runc 1.5.1) missing: set ENGINES_DIR");
-        }
-        eprintln!("SKIP: no engines dir with containerd 2.3 and runc 1.5 (ENGINES_DIR)");
-    }
-    found
-}
-
-/// Replace `from` by `to` in `text`, exactly once (a changed default config fails loudly).
-fn set(text: &mut String, from: &str, to: &str) {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "containerd config default: {from:?}"
-    );
-    *text = text.replace(from, to);
-}
-
-/// A scratch directory with a short path (`/tmp/gpufence-tests/s-<pid>-<n>`, swept like the
-/// others) for containerd's shim sockets, linked from `dir/shim-sockets`.
-fn short_dir(dir: &Path) -> PathBuf {
-    let p = common::scratch("s");
-    let _ = std::os::unix::fs::symlink(&p, dir.join("shim-sockets"));
-    p
-}
-
-/// containerd 2.3's default config with everything private to `dir`; `required` turns on NRI's
-/// default validator requiring those plugins.
-fn containerd_config(bin: &Path, dir: &Path, required: &[&str]) -> PathBuf {
-    let out = Command::new(bin.join("containerd"))
-        .args(["config", "default"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let mut t = String::from_utf8(out.stdout).unwrap();
-    let d = dir.display();
-    for sub in ["cni", "opt", "nri-plugins", "nri-conf", "runc"] {
-        std::fs::create_dir_all(dir.join(sub)).unwrap();
-    }
-    set(
-        &mut t,
-        "root = '/var/lib/containerd'",
-        &format!("root = '{d}/root'"),
-    );
-    set(
-        &mut t,
-        "state = '/run/containerd'",
-        &format!("state = '{d}/state'"),
-    );
-    set(
-        &mut t,
-        "imports = ['/etc/containerd/conf.d/*.toml']",
-        "imports = []",
-    );
-    set(
-        &mut t,
-        "address = '/run/containerd/containerd.sock'",
-        &format!("address = '{d}/containerd.sock'"),
-    );
-    set(
-        &mut t,
-        "address = '/run/containerd/containerd.sock.ttrpc'",
-        &format!("address = '{d}/containerd.sock.ttrpc'"),
-    );
-    set(
-        &mut t,
-        "path = '/opt/containerd'",
-        &format!("path = '{d}/opt'"),
-    );
-    set(
-        &mut t,
-        "socket_path = '/var/run/nri/nri.sock'",
-        &format!("socket_path = '{d}/nri.sock'"),
-    );
-    set(
-        &mut t,
-        "plugin_path = '/opt/nri/plugins'",
-        &format!("plugin_path = '{d}/nri-plugins'"),
-    );
-    set(
-        &mut t,
-        "plugin_config_path = '/etc/nri/conf.d'",
-        &format!("plugin_config_path = '{d}/nri-conf'"),
-    );
-    set(
-        &mut t,
-        "conf_dir = '/etc/cni/net.d'",
-        &format!("conf_dir = '{d}/cni'"),
-    );
-    set(
-        &mut t,
-        "BinaryName = ''",
-        &format!("BinaryName = '{}'", bin.join("runc").display()),
-    );
-    set(
-        &mut t,
-        "            Root = ''",
-        &format!("            Root = '{d}/runc'"),
-    );
-    // The shim's socket directory must be at most 42 bytes long.
-    let shim_dir = short_dir(dir);
-    set(
-        &mut t,
-        "socket_dir = ''",
-        &format!("socket_dir = '{}'", shim_dir.display()),
-    );
-    set(
-        &mut t,
-        "sandbox = 'registry.k8s.io/pause:3.10.2'",
-        "sandbox = 'localhost/pause:test'",
-    );
-    set(
-        &mut t,
-        "snapshotter = 'overlayfs'",
-        "snapshotter = 'native'",
-    );
-    // Root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail.
-    set(
-        &mut t,
-        "restrict_oom_score_adj = false",
-        "restrict_oom_score_adj = true",
-    );
-    set(
-        &mut t,
-        "ignore_deprecation_warnings = []",
-        "ignore_deprecation_warnings = ['io.containerd.deprecation/cgroup-v1']",
-    );
-    if !required.is_empty() {
-        let v = "[plugins.'io.containerd.nri.v1.nri'.default_validator]\n      enable = false";
-        set(&mut t, v, &v.replace("false", "true"));
-        let list: Vec<String> = required.iter().map(|r| format!("'{r}'")).collect();
-        set(
-            &mut t,
-            "      required_plugins = []",
-            &format!("      required_plugins = [{}]", list.join(", ")),
-        );
-    }
-    let path = dir.join("config.toml");
-    std::fs::write(&path, t).unwrap();
-    path
-}
-
-/// Start containerd 2.3 on `config` with the engines first on PATH (its shim, the shim's runc).
-fn start_containerd(bin: &Path, dir: &Path, config: &Path) -> Containerd {
-    cri_support::start_containerd(Some(bin), config, dir, &[])
-}
-
-/// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
-fn pod(
-    py: &Path,
-    c: &Containerd,
-    s: &Path,
-    name: &str,
-    command: &str,
-    extra: serde_json::Value,
-) -> serde_json::Value {
-    let mut req = serde_json::json!({
-        "socket": c.sock, "handler": "", "dir": s, "name": name,
-        "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        req[k] = v.clone();
-    }
-    cri_support::client(py, &req)
-}
 
 /// Adds `NRI_TEST=<container name>` and a read-only bind of `mount_src` at `/nri-test`;
 /// refuses a container whose env has `NRI_TEST_REFUSE=<reason>`, first sleeps
@@ -301,7 +124,7 @@ fn with_test_plugin(
     let s = common::scratch(name);
     let cdir = s.join("containerd");
     let config = containerd_config(bin, &cdir, required);
-    let c = start_containerd(bin, &cdir, &config);
+    let c = cri_support::start_containerd23(bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     let src = s.join("mount-src");
     std::fs::create_dir_all(&src).unwrap();
@@ -316,15 +139,6 @@ fn with_test_plugin(
 }
 
 const PROBE: &str = "echo env=$NRI_TEST; cat /nri-test/marker 2>&1; true";
-
-fn prerequisites() -> Option<(PathBuf, PathBuf)> {
-    if common::skip_unless(&["umoci", "tar"]) {
-        return None;
-    }
-    let bin = engines()?;
-    let py = cri_support::python()?;
-    Some((bin, py))
-}
 
 #[test]
 fn nri_plugin_adjusts_refuses_and_reconnects() {
@@ -412,51 +226,12 @@ fn nri_plugin_adjusts_refuses_and_reconnects() {
     // containerd restarted: the plugin reconnects by itself.
     let n = h.syncs.load(Ordering::SeqCst);
     drop(c);
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     wait_synced(&h, n, "containerd restart");
     let r = pod(&py, &c, &s, "after-restart", PROBE, serde_json::json!({}));
     assert_eq!(r["log"], "env=app\nfrom-the-host\n", "{r}");
     stop.stop();
     t.join().unwrap();
-}
-
-/// `gpufence nri` with this config, on `socket` (killed on drop).
-struct NriProcess(Child);
-
-impl Drop for NriProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
-    let child = Command::new(common::bin("gpufence"))
-        .arg("--config")
-        .arg(config)
-        .args(["nri", "--socket"])
-        .arg(socket)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    NriProcess(child)
-}
-
-/// Wait until `log` (gpufence's) says the plugin registered `n` times.
-fn wait_registered(log: &Path, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches("NRI: registered").count() >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gpufence nri did not register: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A scratch dir, a simulated 2-GPU node with gpufence's config, and a containerd config
@@ -487,7 +262,7 @@ fn nri_default_validator_refuses_without_gpufence_and_the_binary_serves() {
         return;
     };
     let (s, node, cdir, config) = validated_node(&bin, "nri-validator");
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     let probe = "echo ran";
 
@@ -543,7 +318,7 @@ fn nri_pre_registered_plugin_gets_its_connection_from_containerd() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     wait_registered(&node.log, 1);
     let r = pod(&py, &c, &s, "prereg", "echo ran", serde_json::json!({}));
@@ -645,18 +420,6 @@ fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
     std::fs::write(checkpoint, kubelet::checkpoint_json(entries)).unwrap();
 }
 
-/// Container directories left in the state dir (the inventory cache and counters are files).
-fn state_dirs(state: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(state)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device
 /// plugin's env, `memory` of quota.
 fn gpu1_request(memory: &str, image: &str) -> serde_json::Value {
@@ -706,7 +469,7 @@ fn nri_enforces_the_plan() {
     );
     let cdir = s.join("containerd");
     let config = containerd_config(&bin, &cdir, &["gpufence"]);
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     // A glibc image with the mock CUDA client (tests/fixtures/cuda_client.c).
     let rootfs = common::glibc_rootfs(&s.join("image-src-cuda"));
@@ -943,7 +706,7 @@ fn nri_mode_configuration_loads_in_containerd_2_3() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     wait_registered(&node.log, 1);
     let r = pod(

@@ -5,7 +5,11 @@ Usage: cri_client.py REQUEST_JSON | -   (-: the request on stdin)
 REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
-               "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate"}
+               "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate",
+               "cdi_devices": ["vendor/class=name"],
+               "devices": [{"container_path": "/dev/x", "host_path": "/dev/x", "permissions": "rw"}]}
+cdi_devices and devices: what kubelet passes for a device plugin's CDI devices and DeviceSpecs
+and a DRA claim's CDI ids (CRI ContainerConfig.CDI_devices and .devices).
 Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
                          "log": "<container output>", "sandbox_id": ..., "container_id": ...}
 The pod is stopped and removed before exiting, whatever happened.
@@ -69,6 +73,15 @@ def main():
             envs=[pb.KeyValue(key=k, value=v) for k, v in req.get("envs", {}).items()],
             annotations=req.get("container_annotations", {}),
             log_path="app.log",
+            devices=[
+                pb.Device(
+                    container_path=d["container_path"],
+                    host_path=d["host_path"],
+                    permissions=d.get("permissions", "rw"),
+                )
+                for d in req.get("devices", [])
+            ],
+            CDI_devices=[pb.CDIDevice(name=n) for n in req.get("cdi_devices", [])],
         )
         out["stage"] = "create_container"
         cid = rt.CreateContainer(
