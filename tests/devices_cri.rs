@@ -17,8 +17,9 @@
 //!   fenced whole;
 //! * DeviceSpecs (CRI `devices` /dev/nvidia2, recorded in the Allocate response's `devices`) →
 //!   GPU 2 fenced whole;
-//! * a CRI device nothing recorded, and the CDI id of another pod's claim → refused, in one line
-//!   naming the device and what kubelet recorded;
+//! * a CRI device nothing recorded (a GPU, a control node alone), the CDI id of another pod's
+//!   claim, a claim whose spec others can write (containerd reads it, gpufence does not) →
+//!   refused, in one line naming the device and what kubelet recorded;
 //! * shares of one DRA device (KEP-5075 `ShareID`): 8 GiB and 50 % written by a driver as
 //!   gpufence's CDI annotations, 2048 MiB and 25 % as HAMi's env; each pod held to its share, a
 //!   pod annotation asking more than the share refused, a lower one narrowing it.
@@ -42,6 +43,7 @@ const CLAIM_A: &str = "c0ffee00-0000-4000-8000-00000000000a";
 const CLAIM_B: &str = "c0ffee00-0000-4000-8000-00000000000b";
 const CLAIM_C: &str = "c0ffee00-0000-4000-8000-00000000000c";
 const CLAIM_D: &str = "c0ffee00-0000-4000-8000-00000000000d";
+const CLAIM_E: &str = "c0ffee00-0000-4000-8000-00000000000e";
 const CLAIM_S: &str = "c0ffee00-0000-4000-8000-00000000005e";
 const CLAIM_H: &str = "c0ffee00-0000-4000-8000-0000000000a4";
 /// A whole GPU: no memory limit in the quota.
@@ -134,6 +136,19 @@ fn cdi_specs(dir: &Path, dev: &Path) {
             "devices": [{"name": format!("{CLAIM_B}-gpu-1"), "containerEdits": {
                 "env": [format!("NVIDIA_VISIBLE_DEVICES={}", gpu_uuid(1))]}}]}),
     );
+    // A claim spec any user could have written (0666).
+    write_spec(
+        dir,
+        &format!("k8s.gpu.nvidia.com-claim_{CLAIM_E}.json"),
+        serde_json::json!({"cdiVersion": "0.6.0", "kind": "k8s.gpu.nvidia.com/claim",
+            "devices": [{"name": format!("{CLAIM_E}-gpu-1"), "containerEdits": {
+                "deviceNodes": [node(dev, "nvidia1"), node(dev, "nvidiactl")]}}]}),
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(format!("k8s.gpu.nvidia.com-claim_{CLAIM_E}.json"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
     // Shares of GPU 0: gpufence's contract (device annotations), and HAMi's env.
     write_spec(
         dir,
@@ -182,6 +197,15 @@ fn dra_state(path: &Path) {
             "gpu-1",
             None,
             vec![claim_id(CLAIM_A, 1)],
+        ),
+        claim(
+            CLAIM_E,
+            "loose-gpu",
+            &["loose-pod"],
+            "gpu.nvidia.com",
+            "gpu-1",
+            None,
+            vec![claim_id(CLAIM_E, 1)],
         ),
         claim(
             CLAIM_C,
@@ -264,7 +288,20 @@ fn checkpoint(path: &Path, dev: &Path) {
         ..Default::default()
     };
     let gpu3 = gpu_uuid(3);
-    let json = kubelet::checkpoint_json(vec![
+    // Time-slicing: GPU 2 advertised 4 times under its own resource, one replica as a CDI device.
+    let ts = proto::ContainerAllocateResponse {
+        cdi_devices: vec![proto::CdiDevice { name: plugin_id(2) }],
+        ..Default::default()
+    };
+    let replicas: Vec<String> = (0..4).map(|k| format!("{}::{k}", gpu_uuid(2))).collect();
+    let entries = vec![
+        kubelet::entry(
+            "ts-pod-uid",
+            "app",
+            "nvidia.com/gpu.shared",
+            &[&replicas[1]],
+            ts.encode_to_vec(),
+        ),
         kubelet::entry(
             "cdi-ann-pod-uid",
             "app",
@@ -286,8 +323,17 @@ fn checkpoint(path: &Path, dev: &Path) {
             &["dev-2"],
             specs.encode_to_vec(),
         ),
-    ]);
-    std::fs::write(path, json).unwrap();
+    ];
+    let registered = [
+        ("nvidia.com/gpu", vec![gpu_uuid(1), gpu3]),
+        ("nvidia.com/gpu.shared", replicas),
+        ("example.com/gpu", vec!["dev-2".to_string()]),
+    ];
+    std::fs::write(
+        path,
+        kubelet::checkpoint_json_registered(entries, &registered),
+    )
+    .unwrap();
 }
 
 /// The node, its kubelet records and the drivers' CDI specs in scratch dir `s`.
@@ -488,6 +534,11 @@ fn scenarios(py: &Path, c: &Containerd, w: &World, a: Applier) {
     let req = serde_json::json!({"container_annotations": {CDI_ANNOTATION: plugin_id(1)}});
     assert_fenced(&pod(py, c, w, a, "cdi-ann-pod", req), &[(1, WHOLE)], "");
 
+    // The same with time-slicing: one replica of GPU 2's four, a quarter of it.
+    let quarter = (gpufence::sim::GPU_MEMORY_MIB << 20) / 4;
+    let r = pod(py, c, w, a, "ts-pod", cdi(&[plugin_id(2)]));
+    assert_fenced(&r, &[(2, Some(quarter))], "25");
+
     // (c) DeviceSpecs: GPU 2 whole.
     let req = serde_json::json!({"devices": [dev_spec("nvidia2"), dev_spec("nvidiactl")]});
     assert_fenced(&pod(py, c, w, a, "devspec-pod", req), &[(2, WHOLE)], "");
@@ -515,6 +566,30 @@ fn scenarios(py: &Path, c: &Containerd, w: &World, a: Applier) {
             "pod default/thief-pod",
             "kubelet recorded: nothing",
         ],
+    );
+
+    // A claim whose spec any user could have written: gpufence does not read it (containerd
+    // does), so the claim backs nothing and the line says why; the log names the file.
+    let r = pod(py, c, w, a, "loose-pod", cdi(&[claim_id(CLAIM_E, 1)]));
+    let recorded = format!(
+        "kubelet recorded: DRA claim default/loose-gpu [{}: in no CDI spec read from \
+         cdi.spec-dirs]",
+        claim_id(CLAIM_E, 1)
+    );
+    assert_refused(&r, &[&gpu1, "pod default/loose-pod", &recorded]);
+    let log = std::fs::read_to_string(&w.node.log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("claim_{CLAIM_E}.json"))
+                && l.contains("writable by its group or everyone (mode 666): not read")),
+        "{log}"
+    );
+    // A control node alone, nothing recorded.
+    let req = serde_json::json!({"devices": [dev_spec("nvidiactl")]});
+    let r = pod(py, c, w, a, "ctl-pod", req);
+    assert_refused(
+        &r,
+        &["linux.devices=\"/dev/nvidiactl\": device /dev/nvidiactl (c 195:255) is not among"],
     );
 
     // (e) Shares of GPU 0: each pod held to its own; asking more than the share is refused,
