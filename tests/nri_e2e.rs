@@ -1,6 +1,6 @@
-//! `gpufence nri` end to end on containerd 2.3.4 + runc 1.5.1 (the shared engines, found in
-//! `ENGINES_DIR` or `../shared/engines/bin`): a private containerd with NRI on its own root,
-//! state and sockets, pods driven through CRI by tests/cri/cri_client.py.
+//! `gpufence nri` end to end on containerd 2.3.4 and CRI-O 1.36.3 + runc 1.5.1 (the shared
+//! engines, found in `ENGINES_DIR` or `../shared/engines/bin`): a private engine with NRI on its
+//! own root, state and sockets, pods driven through CRI by tests/cri/cri_client.py.
 //!
 //! * The plugin library with a test handler: its adjustment (an env var, a bind mount) reaches
 //!   the container; its refusal fails CreateContainer with the reason the CRI client sees; after
@@ -18,6 +18,13 @@
 //!   removal.
 //! * The pre-registered variant: containerd starts `/opt/nri/plugins/NN-gpufence` itself and
 //!   hands it the connection (`NRI_PLUGIN_SOCKET`).
+//! * After the fact (`nri_fences_after_the_fact_what_was_created_without_it`): a GPU container
+//!   NRI created without the plugin is stopped once it is back (resumed, restarted, containerd
+//!   restarted), within a measured bound.
+//! * CRI-O 1.36.3 (`cri_support::crio`, skipped without the engines' `crio`): the NRI cases with
+//!   CRI-O's validator as `runtime configure --mode nri` writes it, the after-the-fact fence and
+//!   the pre-registered wrapper (`nri_on_crio_1_36`); the runtime handler's and hooks.d's cases
+//!   on the same CRI-O.
 
 mod common;
 mod cri_support;

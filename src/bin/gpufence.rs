@@ -24,12 +24,12 @@ enum Cmd {
     Inventory(gpufence::commands::inventory::Args),
     /// Describe the node's GPUs as a CDI spec.
     #[command(subcommand)]
-    Cdi(gpufence::cdigen::cli::Cmd),
+    Cdi(gpufence::commands::cdi::Cmd),
     /// Dry run: the normalised allocation and the edits the runtime would make.
     Plan(gpufence::commands::plan::Args),
     /// OCI hook entry points for CRI-O / podman hooks.d.
     #[command(subcommand)]
-    Hook(gpufence::hook::cli::Cmd),
+    Hook(gpufence::commands::hook::Cmd),
     /// Register gpufence with a container runtime.
     #[command(subcommand)]
     Runtime(gpufence::commands::runtime::Cmd),
@@ -52,9 +52,9 @@ fn main() {
     let config = cli.config.as_deref();
     let r = match cli.cmd {
         Cmd::Inventory(a) => gpufence::commands::inventory::run(config, a),
-        Cmd::Cdi(c) => gpufence::cdigen::cli::run(config, c),
+        Cmd::Cdi(c) => gpufence::commands::cdi::run(config, c),
         Cmd::Plan(a) => gpufence::commands::plan::run(config, a),
-        Cmd::Hook(c) => gpufence::hook::cli::run(config, c),
+        Cmd::Hook(c) => gpufence::commands::hook::run(config, c),
         Cmd::Runtime(c) => gpufence::commands::runtime::run(config, c),
         Cmd::Install(a) => gpufence::commands::install::install(a),
         Cmd::Uninstall(a) => gpufence::commands::install::uninstall(a),

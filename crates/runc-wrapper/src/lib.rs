@@ -27,6 +27,12 @@ pub mod ldcache;
 pub mod phases;
 pub mod runclog;
 
+// The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
+use gpufence_core::{
+    allocation, cdi, config, exit, fsutil, inventory, logging, plan, real_runtime, text,
+};
+use gpufence_node::{enter, hostfiles, state};
+
 pub use apply::{ApplyError, apply_to_spec};
 
 /// Entry point of `gpufence-runtime` (argv including argv[0]).

@@ -201,8 +201,8 @@ fn devices_json(ctr: &Container) -> (serde_json::Value, serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{LinuxContainer, LinuxNamespace, Mount};
     use crate::kubelet::PodIdentity;
-    use crate::nri::api::{LinuxContainer, LinuxNamespace, Mount};
 
     fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()
@@ -415,7 +415,7 @@ mod tests {
     #[test]
     fn the_containers_devices_and_device_rules_are_read() {
         use crate::allocation::input::SpecDevice;
-        use crate::nri::api::{LinuxDevice, LinuxDeviceCgroup, LinuxResources, OptionalInt64};
+        use crate::api::{LinuxDevice, LinuxDeviceCgroup, LinuxResources, OptionalInt64};
         let dev = |path: &str, t: &str, minor| LinuxDevice {
             path: path.into(),
             r#type: t.into(),

@@ -210,9 +210,9 @@ mod shipped {
             &crate::config::Config::default(),
             std::path::Path::new("/usr/bin/gpufence"),
             None,
-            crate::hook::Stage::Prestart,
+            crate::Stage::Prestart,
         );
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hooks");
         for (name, v) in files {
             let shipped: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();

@@ -9,11 +9,15 @@
 
 pub mod apply;
 
-pub mod cli;
 pub mod inputs;
 pub mod install;
 pub mod limits;
 pub mod state;
+
+// The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
+use gpufence_core::{allocation, backend, cdi, child, config, exit, inventory, logging, plan};
+use gpufence_node::state as node_state;
+use gpufence_node::{cgroup, driverlimits, enter, hostfiles};
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -101,7 +105,7 @@ pub fn enforce(config: Option<&Path>, stage: Stage, stdin: &mut impl Read) -> Re
     match enforce_state(&cfg, stage, &st) {
         Ok(()) => Ok(()),
         Err(e) => {
-            use crate::state::refusals::{Reason, count};
+            use crate::node_state::refusals::{Reason, count};
             let reason = match &e {
                 HookError::Allocation(_) | HookError::Plan(_) => Reason::Allocation,
                 HookError::Inventory(_) => Reason::Inventory,
@@ -164,11 +168,11 @@ fn enforce_state(
     let r = enforce_plan(cfg, st, &rootfs, &plan, &inventory_majors);
     if r.is_ok() {
         let pid = st.pid.and_then(|p| u32::try_from(p).ok());
-        let locator = crate::state::meta::Locator {
+        let locator = crate::node_state::meta::Locator {
             pid,
             ..Default::default()
         };
-        crate::state::meta::record(&plan, &request.annotations, locator);
+        crate::node_state::meta::record(&plan, &request.annotations, locator);
     }
     // Fail closed without leftovers: the state directory is ours (id validated, under
     // state-dir); remove_dir_all does not follow symlinks.

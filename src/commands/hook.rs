@@ -40,25 +40,27 @@ pub enum Cmd {
 
 pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
     match cmd {
-        Cmd::Prestart => {
-            super::enforce(config, super::Stage::Prestart, &mut std::io::stdin().lock())
-        }
-        Cmd::CreateRuntime => super::enforce(
+        Cmd::Prestart => crate::hook::enforce(
             config,
-            super::Stage::CreateRuntime,
+            crate::hook::Stage::Prestart,
             &mut std::io::stdin().lock(),
         ),
-        Cmd::Poststop => super::poststop(config, &mut std::io::stdin().lock()),
+        Cmd::CreateRuntime => crate::hook::enforce(
+            config,
+            crate::hook::Stage::CreateRuntime,
+            &mut std::io::stdin().lock(),
+        ),
+        Cmd::Poststop => crate::hook::poststop(config, &mut std::io::stdin().lock()),
         Cmd::Install { dir, binary, stage } => install(config, &dir, binary, &stage),
         Cmd::UpdateLdcache { folder } => {
-            let raw = super::state::read_oci_state(&mut std::io::stdin().lock())
+            let raw = crate::hook::state::read_oci_state(&mut std::io::stdin().lock())
                 .map_err(Exit::invalid)?;
-            let st = super::state::parse_ldcache_state(&raw).map_err(Exit::invalid)?;
-            let (_, rootfs) = super::state::read_config(&st.bundle).map_err(Exit::invalid)?;
+            let st = crate::hook::state::parse_ldcache_state(&raw).map_err(Exit::invalid)?;
+            let (_, rootfs) = crate::hook::state::read_config(&st.bundle).map_err(Exit::invalid)?;
             crate::enter::ldcache::run(config, &st.id, &rootfs, &folder)
         }
         Cmd::MemoryLimits { limit } => {
-            super::limits::hook_main(config, &limit, &mut std::io::stdin().lock())
+            crate::hook::limits::hook_main(config, &limit, &mut std::io::stdin().lock())
         }
     }
 }
@@ -83,13 +85,13 @@ fn install(
         )));
     }
     let stage = if stage == "createRuntime" {
-        super::Stage::CreateRuntime
+        crate::hook::Stage::CreateRuntime
     } else {
-        super::Stage::Prestart
+        crate::hook::Stage::Prestart
     };
     // Name the config file only when one was chosen explicitly (else the default applies).
     let cfg_path = config.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
-    let written = super::install::install(&cfg, dir, &binary, cfg_path.as_deref(), stage)
+    let written = crate::hook::install::install(&cfg, dir, &binary, cfg_path.as_deref(), stage)
         .map_err(|e| Exit::env(format!("hook install: {}: {e}", dir.display())))?;
     if written.is_empty() {
         eprintln!("gpufence: no allocation dialect enabled: no hook installed");

@@ -356,7 +356,7 @@ mod tests {
             ("io.podman.annotations.autoremove", "FALSE"),
         ] {
             let mut c = ctr(&[marker], &[]);
-            c.mounts = vec![crate::nri::api::Mount {
+            c.mounts = vec![crate::api::Mount {
                 destination: "/var/run/nvidia-container-devices/0".into(),
                 source: "/dev/null".into(),
                 r#type: "bind".into(),

@@ -1,7 +1,7 @@
 //! `gpufence cdi generate|list`.
 use std::path::{Path, PathBuf};
 
-use super::generate::{self, Format};
+use crate::cdigen::generate::{self, Format};
 use crate::config::Config;
 use crate::exit::Exit;
 

@@ -11,5 +11,9 @@ pub use gpufence_format::human;
 pub mod ps;
 pub mod read;
 pub mod region;
+
+// The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
+use gpufence_core::{config, exit, logging, text};
+use gpufence_node::state;
 // the state writer (crates/node), under the paths its readers have always used
 pub use crate::state::{meta, refusals};

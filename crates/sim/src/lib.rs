@@ -503,6 +503,9 @@ pub fn run(cli: Cli) -> Result<(), Exit> {
     }
 }
 
+// The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
+use gpufence_core::{exit, inventory, kubelet, ldso};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -148,8 +148,8 @@ fn share(d: &super::read::DeviceStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::read::DeviceStatus;
-    use crate::status::region::DeviceUsage;
+    use crate::read::DeviceStatus;
+    use crate::region::DeviceUsage;
 
     #[test]
     fn aligned_rows() {
@@ -159,7 +159,7 @@ mod tests {
             uuid: "GPU-2f5d1c3a-0000-1111".into(),
             limit: Some(4 << 30),
             cores: None,
-            replicas: (i == "0").then_some(crate::status::meta::Replicas { held: 1, of: 4 }),
+            replicas: (i == "0").then_some(crate::meta::Replicas { held: 1, of: 4 }),
             usage: DeviceUsage {
                 used,
                 peak: Some(used),

@@ -12,6 +12,10 @@ pub mod adjust;
 pub mod handler;
 pub mod request;
 
+// The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
+use gpufence_core::{allocation, cdi, config, exit, inventory, kubelet, plan, text};
+use gpufence_node::{hostfiles, state};
+
 pub use gpufence_nri_stub::{
     DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, Gone, Handler, NRI_VERSION, NriError, Plugin,
     PluginConfig, Stopper, Transport, api, check_index, check_name, conn, mux, plugin, service,
