@@ -33,175 +33,17 @@ mod harness;
 mod runtime_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cri_support::Containerd;
+use cri_support::{
+    Containerd, NriProcess, containerd_config, prerequisites, spawn_nri, start_containerd23,
+    state_dirs, wait_registered,
+};
 use gpufence::nri::api::{ContainerAdjustment, KeyValue, Mount};
 use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Stopper, Transport, api};
-
-/// The engines' directory, or `None` (a skip with the reason printed) without them.
-fn engines() -> Option<PathBuf> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var_os("ENGINES_DIR").map(PathBuf::from),
-        Some(here.join("../shared/engines/bin")),
-        Some(here.join("../../shared/engines/bin")),
-    ];
-    let found = candidates.into_iter().flatten().find(|d| {
-        ["containerd", "containerd-shim-runc-v2", "runc"]
-            .iter()
-            .all(|b| d.join(b).is_file())
-    });
-    if found.is_none() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("engines (containerd 2.3.4, runc 1.5.1) missing: set ENGINES_DIR");
-        }
-        eprintln!("SKIP: no engines dir with containerd 2.3 and runc 1.5 (ENGINES_DIR)");
-    }
-    found
-}
-
-/// Replace `from` by `to` in `text`, exactly once (a changed default config fails loudly).
-fn set(text: &mut String, from: &str, to: &str) {
-    assert_eq!(
-        text.matches(from).count(),
-        1,
-        "containerd config default: {from:?}"
-    );
-    *text = text.replace(from, to);
-}
-
-/// A scratch directory with a short path (`/tmp/gpufence-tests/s-<pid>-<n>`, swept like the
-/// others) for containerd's shim sockets, linked from `dir/shim-sockets`.
-fn short_dir(dir: &Path) -> PathBuf {
-    let p = common::scratch("s");
-    let _ = std::os::unix::fs::symlink(&p, dir.join("shim-sockets"));
-    p
-}
-
-/// containerd 2.3's default config with everything private to `dir`; `required` turns on NRI's
-/// default validator requiring those plugins.
-fn containerd_config(bin: &Path, dir: &Path, required: &[&str]) -> PathBuf {
-    let out = Command::new(bin.join("containerd"))
-        .args(["config", "default"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let mut t = String::from_utf8(out.stdout).unwrap();
-    let d = dir.display();
-    for sub in ["cni", "opt", "nri-plugins", "nri-conf", "runc"] {
-        std::fs::create_dir_all(dir.join(sub)).unwrap();
-    }
-    set(
-        &mut t,
-        "root = '/var/lib/containerd'",
-        &format!("root = '{d}/root'"),
-    );
-    set(
-        &mut t,
-        "state = '/run/containerd'",
-        &format!("state = '{d}/state'"),
-    );
-    set(
-        &mut t,
-        "imports = ['/etc/containerd/conf.d/*.toml']",
-        "imports = []",
-    );
-    set(
-        &mut t,
-        "address = '/run/containerd/containerd.sock'",
-        &format!("address = '{d}/containerd.sock'"),
-    );
-    set(
-        &mut t,
-        "address = '/run/containerd/containerd.sock.ttrpc'",
-        &format!("address = '{d}/containerd.sock.ttrpc'"),
-    );
-    set(
-        &mut t,
-        "path = '/opt/containerd'",
-        &format!("path = '{d}/opt'"),
-    );
-    set(
-        &mut t,
-        "socket_path = '/var/run/nri/nri.sock'",
-        &format!("socket_path = '{d}/nri.sock'"),
-    );
-    set(
-        &mut t,
-        "plugin_path = '/opt/nri/plugins'",
-        &format!("plugin_path = '{d}/nri-plugins'"),
-    );
-    set(
-        &mut t,
-        "plugin_config_path = '/etc/nri/conf.d'",
-        &format!("plugin_config_path = '{d}/nri-conf'"),
-    );
-    set(
-        &mut t,
-        "conf_dir = '/etc/cni/net.d'",
-        &format!("conf_dir = '{d}/cni'"),
-    );
-    set(
-        &mut t,
-        "BinaryName = ''",
-        &format!("BinaryName = '{}'", bin.join("runc").display()),
-    );
-    set(
-        &mut t,
-        "            Root = ''",
-        &format!("            Root = '{d}/runc'"),
-    );
-    // The shim's socket directory must be at most 42 bytes long.
-    let shim_dir = short_dir(dir);
-    set(
-        &mut t,
-        "socket_dir = ''",
-        &format!("socket_dir = '{}'", shim_dir.display()),
-    );
-    set(
-        &mut t,
-        "sandbox = 'registry.k8s.io/pause:3.10.2'",
-        "sandbox = 'localhost/pause:test'",
-    );
-    set(
-        &mut t,
-        "snapshotter = 'overlayfs'",
-        "snapshotter = 'native'",
-    );
-    // Root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail.
-    set(
-        &mut t,
-        "restrict_oom_score_adj = false",
-        "restrict_oom_score_adj = true",
-    );
-    set(
-        &mut t,
-        "ignore_deprecation_warnings = []",
-        "ignore_deprecation_warnings = ['io.containerd.deprecation/cgroup-v1']",
-    );
-    if !required.is_empty() {
-        let v = "[plugins.'io.containerd.nri.v1.nri'.default_validator]\n      enable = false";
-        set(&mut t, v, &v.replace("false", "true"));
-        let list: Vec<String> = required.iter().map(|r| format!("'{r}'")).collect();
-        set(
-            &mut t,
-            "      required_plugins = []",
-            &format!("      required_plugins = [{}]", list.join(", ")),
-        );
-    }
-    let path = dir.join("config.toml");
-    std::fs::write(&path, t).unwrap();
-    path
-}
-
-/// Start containerd 2.3 on `config` with the engines first on PATH (its shim, the shim's runc).
-fn start_containerd(bin: &Path, dir: &Path, config: &Path) -> Containerd {
-    cri_support::start_containerd(Some(bin), config, dir, &[])
-}
 
 /// One pod with the default runtime (runc 1.5.1) through the CRI socket `sock`; `extra` adds
 /// request fields.
@@ -316,7 +158,7 @@ fn with_test_plugin(
     let s = common::scratch(name);
     let cdir = s.join("containerd");
     let config = containerd_config(bin, &cdir, required);
-    let c = start_containerd(bin, &cdir, &config);
+    let c = cri_support::start_containerd23(bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     let src = s.join("mount-src");
     std::fs::create_dir_all(&src).unwrap();
@@ -331,15 +173,6 @@ fn with_test_plugin(
 }
 
 const PROBE: &str = "echo env=$NRI_TEST; cat /nri-test/marker 2>&1; true";
-
-fn prerequisites() -> Option<(PathBuf, PathBuf)> {
-    if common::skip_unless(&["umoci", "tar"]) {
-        return None;
-    }
-    let bin = engines()?;
-    let py = cri_support::python()?;
-    Some((bin, py))
-}
 
 #[test]
 fn nri_plugin_adjusts_refuses_and_reconnects() {
@@ -434,7 +267,7 @@ fn nri_plugin_adjusts_refuses_and_reconnects() {
     // containerd restarted: the plugin reconnects by itself.
     let n = h.syncs.load(Ordering::SeqCst);
     drop(c);
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     wait_synced(&h, n, "containerd restart");
     let r = pod(
         &py,
@@ -447,45 +280,6 @@ fn nri_plugin_adjusts_refuses_and_reconnects() {
     assert_eq!(r["log"], "env=app\nfrom-the-host\n", "{r}");
     stop.stop();
     t.join().unwrap();
-}
-
-/// `gpufence nri` with this config, on `socket` (killed on drop).
-struct NriProcess(Child);
-
-impl Drop for NriProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
-    let child = Command::new(common::bin("gpufence"))
-        .arg("--config")
-        .arg(config)
-        .args(["nri", "--socket"])
-        .arg(socket)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    NriProcess(child)
-}
-
-/// Wait until `log` (gpufence's) says the plugin registered `n` times.
-fn wait_registered(log: &Path, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches("NRI: registered").count() >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gpufence nri did not register: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A scratch dir, a simulated 2-GPU node with gpufence's config, and a containerd config
@@ -516,7 +310,7 @@ fn nri_default_validator_refuses_without_gpufence_and_the_binary_serves() {
         return;
     };
     let (s, node, cdir, config) = validated_node(&bin, "nri-validator");
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     let probe = "echo ran";
 
@@ -574,7 +368,7 @@ fn nri_pre_registered_plugin_gets_its_connection_from_containerd() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     wait_registered(&node.log, 1);
     let r = pod(
@@ -690,18 +484,6 @@ fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
     std::fs::write(checkpoint, kubelet::checkpoint_json(entries)).unwrap();
 }
 
-/// Container directories left in the state dir (the inventory cache and counters are files).
-fn state_dirs(state: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(state)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// A scratch dir and a simulated 2-GPU node whose kubelet record grants GPU 1 to container
 /// `app` of `pods`.
 fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
@@ -731,7 +513,7 @@ fn gpu1_node(
     let (s, node) = kubelet_gpu1_node(name, pods);
     let cdir = s.join("containerd");
     let config = containerd_config(bin, &cdir, &["gpufence"]);
-    let c = start_containerd(bin, &cdir, &config);
+    let c = start_containerd23(bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     (s, node, cdir, config, c)
 }
@@ -980,7 +762,7 @@ fn nri_mode_configuration_loads_in_containerd_2_3() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = cri_support::start_containerd23(&bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     wait_registered(&node.log, 1);
     let r = pod(
@@ -1317,7 +1099,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     drop(c);
     signal(&plugin, Signal::SIGCONT);
     let t0 = now_ns();
-    let c = start_containerd(&bin, &cdir, &config);
+    let c = start_containerd23(&bin, &cdir, &config);
     bounds.push((
         "containerd restarted",
         fenced_within(&late.join().unwrap(), t0),

@@ -244,12 +244,17 @@ impl Recorded {
         for k in &spec_nodes {
             self.add_node(*k, backing_all.clone());
         }
+        let mut unresolved: Vec<String> = Vec::new();
         for n in grant_cdi_names(g) {
-            if let Some(r) = resolve_cdi(&n, specs, inv) {
-                for k in &r.nodes {
-                    self.add_node(*k, backing_all.clone());
+            match resolve_cdi(&n, specs, inv) {
+                Some(r) => {
+                    for k in &r.nodes {
+                        self.add_node(*k, backing_all.clone());
+                    }
+                    node_devs.extend(r.devices);
                 }
-                node_devs.extend(r.devices);
+                None if !is_gpu_kind(&n) => unresolved.push(n),
+                None => {}
             }
         }
         devs.extend(node_devs);
@@ -280,7 +285,7 @@ impl Recorded {
             self.add_name(n, backing_all.clone());
         }
         format!(
-            "{} [{}]{}",
+            "{} [{}]{}{}",
             g.resource,
             g.device_ids
                 .iter()
@@ -288,7 +293,8 @@ impl Recorded {
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", "),
-            shown_devices(&devs)
+            shown_devices(&devs),
+            shown_unresolved(&unresolved)
         )
     }
 
@@ -297,12 +303,16 @@ impl Recorded {
     /// the summary.
     fn add_claim(&mut self, c: &DraClaimRecord, inv: &Inventory, specs: &[LoadedSpec]) -> String {
         let mut devs: Vec<Resolved> = Vec::new();
+        let mut unresolved: Vec<String> = Vec::new();
         for id in &c.cdi_device_ids {
             let Ok(q) = crate::cdi::parse::parse_qualified_name(id) else {
                 continue;
             };
             let shared = c.shared_cdi_ids.contains(id);
             let resolved = resolve_cdi(id, specs, inv);
+            if resolved.is_none() && !is_gpu_kind(id) {
+                unresolved.push(id.clone());
+            }
             let share: Option<Result<Share, String>> = shared.then(|| match &resolved {
                 None => Err(format!("no CDI spec in the CDI directories (cdi.spec-dirs) defines {id}")),
                 Some(r) => match super::dra_share::read(r.spec, r.dev) {
@@ -359,10 +369,18 @@ impl Recorded {
             }
             devs.extend(here);
         }
+        let ids: Vec<String> = c
+            .cdi_device_ids
+            .iter()
+            .map(|id| match unresolved.contains(id) {
+                true => format!("{id}: {UNRESOLVED}"),
+                false => id.clone(),
+            })
+            .collect();
         format!(
             "DRA claim {} [{}]{}",
             c.claim,
-            c.cdi_device_ids.join(", "),
+            ids.join(", "),
             shown_devices(&devs)
         )
     }
@@ -424,6 +442,27 @@ impl Recorded {
             .map(|(_, b)| b)
     }
 }
+
+/// Whether a fully qualified CDI name is of a kind whose device names are gpufence device
+/// tokens (resolved without a spec).
+fn is_gpu_kind(name: &str) -> bool {
+    crate::cdi::parse::parse_qualified_name(name)
+        .is_ok_and(|q| GPU_CDI_KINDS.contains(&q.kind().as_str()))
+}
+
+/// The recorded CDI devices no spec defines, for the summary of a device plugin's grant (a
+/// claim's are marked in its list of ids): what kubelet recorded then backs
+/// nothing, and the refusal says why (a driver's spec gpufence did not read — not in
+/// `cdi.spec-dirs`, or skipped as writable by others: gpufence's log names the file).
+fn shown_unresolved(names: &[String]) -> String {
+    if names.is_empty() {
+        return String::new();
+    }
+    format!(" ({}: {UNRESOLVED})", names.join(", "))
+}
+
+/// What the summary says of a recorded CDI device no spec defines.
+const UNRESOLVED: &str = "in no CDI spec read from cdi.spec-dirs";
 
 fn shown_devices(devs: &[Resolved]) -> String {
     if devs.is_empty() {

@@ -49,27 +49,27 @@ pub(super) fn apply(
             cores.push((None, String::new(), String::new()));
         }
         let what = format!("DRA claim {claim}: share of {} ({})", r.uuid, s.source);
-        let ceiling = |slot: &mut (Option<u64>, String, String),
-                       limit: u64,
-                       show: &dyn Fn(u64) -> String| {
-            match slot.0 {
-                None => {
-                    *slot = (Some(limit), "DRA claim".to_string(), what.clone());
-                    Ok(())
+        let ceiling =
+            |slot: &mut (Option<u64>, String, String), limit: u64, show: &dyn Fn(u64) -> String| {
+                match slot.0 {
+                    None => {
+                        *slot = (Some(limit), "DRA claim".to_string(), what.clone());
+                        Ok(())
+                    }
+                    Some(v) if v > limit => Err(super::AllocationError::new(
+                        &slot.1,
+                        &slot.2,
+                        format!(
+                            "{} is more than the share of {} that DRA claim {claim} holds ({}); an \
+                         annotation may lower the share, never raise it",
+                            show(v),
+                            describe(&r.device, &r.uuid),
+                            show(limit)
+                        ),
+                    )),
+                    Some(_) => Ok(()),
                 }
-                Some(v) if v > limit => Err(super::AllocationError::new(
-                    &slot.1,
-                    &slot.2,
-                    format!(
-                        "{} is more than the share of {} that DRA claim {claim} holds ({}); an                          annotation may lower the share, never raise it",
-                        show(v),
-                        describe(&r.device, &r.uuid),
-                        show(limit)
-                    ),
-                )),
-                Some(_) => Ok(()),
-            }
-        };
+            };
         if let Some(m) = s.memory {
             ceiling(&mut memory[i], m, &human_bytes)?;
             out.sources.push(source("memory", &what));
