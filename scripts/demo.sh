@@ -3,8 +3,9 @@
 # container started by podman with `--device gpufence.dev/gpu=1` that sees /dev/nvidia1 only;
 # then gpufence-runtime under a pod annotation, a HAMi pod admitted from kubelet's checkpoint, a
 # forged pod (GPU annotation, no kubelet record) refused, an image-env grab neutralised, two
-# containers sharing one GPU's time at 30 % and 70 %, and two pods holding one time-slicing
-# replica each of a GPU shared 4 ways: a quarter each.
+# containers sharing one GPU's time at 30 % and 70 %, two pods holding one time-slicing
+# replica each of a GPU shared 4 ways: a quarter each, and a DRA pod whose claimed GPU arrives as
+# a device: a 4 GiB slice of it.
 set -euo pipefail
 
 if [ "${1:-}" = "--clean" ]; then
@@ -110,7 +111,7 @@ say "7. HAMi on Kubernetes: env believed exactly as kubelet's device-manager che
 # allocation.trust-env = "kubelet" is the default; point kubelet.checkpoint into the demo dir.
 cp_file="$dir/kubelet/device-plugins/kubelet_internal_checkpoint"
 mkdir -p "$(dirname "$cp_file")"
-printf '\n[kubelet]\ncheckpoint = "%s"\n' "$cp_file" >> "$cfg"
+printf '\n[kubelet]\ncheckpoint = "%s"\ndra-checkpoint = "%s"\n' "$cp_file" "$dir/kubelet/dra_manager_state" >> "$cfg"
 gpu1=$("$bin/gpufence" --config "$cfg" inventory --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["gpus"][1]["uuid"])')
 # What kubelet recorded when it admitted pod "train": HAMi's device plugin gave container "main"
 # GPU 1 with 3000 MiB and 30 % of the SMs.
@@ -231,5 +232,70 @@ wait
 for p in ts-a ts-b; do
   GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete "$p" 2>/dev/null || true
 done
+
+say "11. a DRA claim: GPU 1 arrives as a device the engine resolved; the pod gets a 4 GiB slice of it"
+# When kubelet prepares pod dra-train's claim team-a/train-gpu, NVIDIA's DRA driver writes a
+# per-claim CDI spec (root-owned, 0644, in a directory both the engine's cdi_spec_dirs and
+# gpufence's cdi.spec-dirs name) and kubelet records the claim with its CDI id in its DRA state.
+# The engine (containerd, CRI-O) resolves the CRI CDIDevices into linux.devices before gpufence
+# sees the container: the device is the grant, backed by kubelet's record; gpufence.dev/memory
+# only narrows it.
+claim=7a3f0c1e-5b2d-4c8e-9f10-2d4b6a8c0e1f
+mkdir -p "$dir/cdi"
+printf '\n[cdi]\nspec-dirs = ["%s"]\n' "$dir/cdi" >> "$cfg"
+spec_file="$dir/cdi/k8s.gpu.nvidia.com-claim_$claim.json"
+cat > "$spec_file" <<JSON
+{"cdiVersion": "0.6.0", "kind": "k8s.gpu.nvidia.com/claim",
+ "devices": [{"name": "$claim-gpu-1", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+   "deviceNodes": [{"path": "/dev/nvidia1", "hostPath": "$dir/node/dev/nvidia1"},
+                   {"path": "/dev/nvidiactl", "hostPath": "$dir/node/dev/nvidiactl"}]}}]}
+JSON
+chmod 0644 "$spec_file"
+echo "$spec_file:"; cat "$spec_file"
+# kubelet's DRA state: {"Data": "<JSON text>", "Checksum": CRC-32 (IEEE) of Data's bytes}.
+python3 - "$dir/kubelet/dra_manager_state" "$claim" <<'PY'
+import json, sys, zlib
+path, claim = sys.argv[1:]
+data = json.dumps({"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+  "Entries": [{"ClaimUID": claim, "ClaimName": "train-gpu", "Namespace": "team-a",
+    "PodUIDs": {"dra-train-uid": {}}, "DriverState": {"gpu.nvidia.com": {"Devices": [
+      {"PoolName": "node-1", "DeviceName": "gpu-1", "RequestNames": ["gpu"],
+       "CDIDeviceIDs": [f"k8s.gpu.nvidia.com/claim={claim}-gpu-1"]}]}}}]}, separators=(",", ":"))
+json.dump({"Data": data, "Checksum": zlib.crc32(data.encode())}, open(path, "w"))
+PY
+echo "$dir/kubelet/dra_manager_state: claim team-a/train-gpu of pod dra-train-uid, CDI id k8s.gpu.nvidia.com/claim=$claim-gpu-1"
+# The pod's container as containerd writes it after resolving that CDI id (device nodes, their
+# cgroup rules, the spec's env after the image's NVIDIA_VISIBLE_DEVICES=all), no GPU annotation.
+dra_bundle() { # NAME POD_UID
+  pod_bundle "$1" "$2" main "[]" \
+    "{\"gpufence.dev/memory\": \"4Gi\", \"io.kubernetes.cri.sandbox-namespace\": \"team-a\", \"io.kubernetes.cri.sandbox-name\": \"$1\"}"
+  python3 - "$dir/$1/config.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+s = json.load(open(p))
+s["process"]["env"] += ["NVIDIA_VISIBLE_DEVICES=void"]
+s["process"]["args"] = ["/bin/sh", "-c",
+  "echo \"devices: $(ls /dev | grep nvidia | tr '\\n' ' ')\";"
+  " for n in 0 1 2 3; do dd if=/dev/nvidia$n of=/dev/null count=1 2>&1 | grep -q 'No such device or address' && echo \"/dev/nvidia$n: opens (ENXIO: no real GPU behind it)\"; done;"
+  " nvidia-smi 2>&1 | grep -E 'MiB' | head -2; grep -E 'uuid|memory' /run/gpufence/quota"]
+nodes = [("/dev/nvidia1", 195, 1), ("/dev/nvidiactl", 195, 255)]
+s["linux"].setdefault("devices", []).extend(
+  {"path": n, "type": "c", "major": a, "minor": b, "fileMode": 438, "uid": 0, "gid": 0} for n, a, b in nodes)
+s["linux"]["resources"]["devices"] += [
+  {"allow": True, "type": "c", "major": a, "minor": b, "access": "rwm"} for _, a, b in nodes]
+json.dump(s, open(p, "w"), indent=2)
+PY
+}
+dra_bundle dra-train dra-train-uid
+echo "\$ gpufence plan --bundle dra-train"
+"$bin/gpufence" --config "$cfg" plan --bundle "$dir/dra-train" --id dra-train | sed -n '/^allocation/,/^  DRA claim/p'
+echo "\$ gpufence-runtime run dra-train"
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/dra-train" dra-train
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" delete dra-train 2>/dev/null || true
+echo
+echo "the same CDI device in a pod whose claim it is not (kubelet recorded nothing for it): refused"
+dra_bundle dra-thief dra-thief-uid
+GPUFENCE_CONFIG="$cfg" "$bin/gpufence-runtime" --root "$dir/runc-root" run -b "$dir/dra-thief" dra-thief \
+  && { echo "FAIL: the pod ran"; exit 1; } || echo "(refused, exit $?)"
 
 say "done — the simulated node stays in $dir/node (make clean-demo removes it)"

@@ -233,7 +233,9 @@ fn an_unbacked_gpu_node_is_refused_naming_the_device_and_the_record() {
             "{line}"
         );
     }
-    // A claim whose CDI id no spec defines backs nothing it could resolve.
+    // A claim whose CDI id no spec defines (the driver's spec not in cdi.spec-dirs, or skipped
+    // as writable by others) backs nothing it could resolve, and the line says so; so does a
+    // device plugin's CDI device.
     let s = cri(&nodes_ref(&gpu_nodes(1)), &[]);
     let e = plan(
         &s,
@@ -243,8 +245,22 @@ fn an_unbacked_gpu_node_is_refused_naming_the_device_and_the_record() {
     )
     .unwrap_err();
     assert!(
-        e.to_string()
-            .contains("DRA claim team/train-gpu [k8s.gpu.nvidia.com/claim=c0ffee-gpu-1]"),
+        e.to_string().ends_with(
+            "kubelet recorded: DRA claim team/train-gpu [k8s.gpu.nvidia.com/claim=c0ffee-gpu-1: \
+             in no CDI spec read from cdi.spec-dirs]"
+        ),
+        "{e}"
+    );
+    let mut g = grant("nvidia.com/gpu");
+    g.cdi_devices = vec![plugin_id(1), "gpufence.dev/gpu=0".into()];
+    let e = plan(&s, &record(vec![g], vec![]), &[], &config()).unwrap_err();
+    assert!(
+        e.to_string().ends_with(&format!(
+            "kubelet recorded: nvidia.com/gpu [] = GPU 0 ({}) ({}: in no CDI spec read from \
+             cdi.spec-dirs)",
+            uuid(0),
+            plugin_id(1)
+        )),
         "{e}"
     );
     // A control node alone, unbacked.
@@ -301,7 +317,14 @@ fn a_shared_dra_device_is_held_to_its_share() {
         &[("gpufence.dev/memory", "16Gi")],
     );
     let e = plan(&s, &src, &dra_spec(contract, ""), &config()).unwrap_err();
-    assert!(e.to_string().contains("never raise it"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "gpufence.dev/memory=\"16Gi\": 16 GiB is more than the share of GPU 1 ({}) that DRA \
+             claim team/train-gpu holds (8 GiB); an annotation may lower the share, never raise it",
+            uuid(1)
+        )
+    );
     // HAMi's DRA driver's env.
     let s = cri(&nodes_ref(&gpu_nodes(1)), &[]);
     let hami = "\"CUDA_DEVICE_MEMORY_LIMIT_0=2048m\", \"CUDA_DEVICE_SM_LIMIT=25\"";

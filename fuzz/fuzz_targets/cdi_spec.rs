@@ -7,19 +7,14 @@ use std::path::Path;
 use gpufence::cdi::parse::{minimum_version, parse_spec, validate_spec};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../common/cdi_input.rs"]
+mod cdi_input;
+
 fuzz_target!(|data: &[u8]| {
-    let Some((&sel, rest)) = data.split_first() else {
+    let Some((path, text)) = cdi_input::split(data, "/etc/cdi/f") else {
         return;
     };
-    let Ok(text) = std::str::from_utf8(rest) else {
-        return;
-    };
-    let path = Path::new(if sel & 1 == 0 {
-        "/etc/cdi/f.json"
-    } else {
-        "/etc/cdi/f.yaml"
-    });
-    match parse_spec(text, path) {
+    match parse_spec(text, Path::new(&path)) {
         Ok(spec) => {
             assert!(validate_spec(&spec).is_ok());
             let _ = minimum_version(&spec);

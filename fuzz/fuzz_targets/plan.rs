@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => {
             let line = e.to_string();
             assert!(!line.contains('\n'), "multi-line error: {line}");
-            assert!(line.len() < 1200, "error of {} bytes", line.len());
+            assert!(line.len() < 2000, "error of {} bytes", line.len());
         }
     }
 });

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
+pub mod crio;
+
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {
     pub child: Child,
@@ -87,21 +89,24 @@ impl Containerd {
 /// beside it, records under `records`), checking the real runtime named by gpufence's config
 /// `gpufence_config` (the node's `runtime.path`); its stdout.
 pub fn configure_handler(gpufence_config: &Path, main: &Path, records: &Path) -> String {
+    let args = ["configure", "--runtime", "containerd"];
+    runtime_verb(gpufence_config, &args, main, records)
+}
+
+/// `gpufence runtime ARGS --config MAIN --record-dir RECORDS` with `GPUFENCE_CONFIG`
+/// (`configure`/`unconfigure`, `--runtime`, `--mode`, …); its stdout, a failure asserted.
+pub fn runtime_verb(gpufence_config: &Path, args: &[&str], main: &Path, records: &Path) -> String {
     let (code, out, err) = common::run(
         Command::new(common::bin("gpufence"))
             .env("GPUFENCE_CONFIG", gpufence_config)
-            .args([
-                "runtime",
-                "configure",
-                "--runtime",
-                "containerd",
-                "--config",
-            ])
+            .arg("runtime")
+            .args(args)
+            .arg("--config")
             .arg(main)
             .arg("--record-dir")
             .arg(records),
     );
-    assert_eq!(code, 0, "runtime configure: {out}{err}");
+    assert_eq!(code, 0, "runtime {args:?}: {out}{err}");
     out
 }
 
@@ -186,6 +191,38 @@ pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
 
 /// `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into containerd.
 pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &[&str]) {
+    let layout = oci_layout(s, name, rootfs, env);
+    let tar = s.join(format!("{name}-oci.tar"));
+    let (code, out, err) = common::run(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."),
+    );
+    assert_eq!(code, 0, "tar: {out}{err}");
+    let mut import = c.ctr();
+    import.args([
+        "images",
+        "import",
+        "--base-name",
+        &format!("localhost/{name}"),
+        "--snapshotter",
+        "native",
+    ]);
+    if c.ctr_is_v2() {
+        // containerd 2.x's transfer service unpacks only for the platforms its config names;
+        // a local import unpacks into the native snapshotter as 1.x's ctr does.
+        import.arg("--local");
+    }
+    let (code, out, err) = common::run(import.arg(&tar));
+    assert_eq!(code, 0, "ctr import: {out}{err}");
+}
+
+/// `rootfs` as an OCI image layout `s/img-<name>` tagged `test`, with this env (entrypoint
+/// `sleep 2147483647`): for containerd's import and CRI-O's storage alike.
+pub fn oci_layout(s: &Path, name: &str, rootfs: &Path, env: &[&str]) -> PathBuf {
     let img = s.join(format!("img-{name}"));
     let ub = s.join(format!("img-bundle-{name}"));
     let sh = |args: &[&str]| {
@@ -218,24 +255,7 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
         config.extend(["--config.env", e]);
     }
     sh(&config);
-    let tar = s.join(format!("{name}-oci.tar"));
-    sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
-    let mut import = c.ctr();
-    import.args([
-        "images",
-        "import",
-        "--base-name",
-        &format!("localhost/{name}"),
-        "--snapshotter",
-        "native",
-    ]);
-    if c.ctr_is_v2() {
-        // containerd 2.x's transfer service unpacks only for the platforms its config names;
-        // a local import unpacks into the native snapshotter as 1.x's ctr does.
-        import.arg("--local");
-    }
-    let (code, out, err) = common::run(import.arg(&tar));
-    assert_eq!(code, 0, "ctr import: {out}{err}");
+    img
 }
 
 /// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
@@ -322,4 +342,258 @@ pub fn client(py: &Path, req: &serde_json::Value) -> serde_json::Value {
     );
     assert!(out.status.success(), "cri client: {stdout}{stderr}");
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+// containerd 2.3.4 from the shared engines (its own CDI resolution, NRI), and `gpufence nri`.
+
+/// The engines' directory, or `None` (a skip with the reason printed) without them.
+pub fn engines() -> Option<PathBuf> {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let candidates = [
+        std::env::var_os("ENGINES_DIR").map(PathBuf::from),
+        Some(here.join("../shared/engines/bin")),
+        Some(here.join("../../shared/engines/bin")),
+    ];
+    let found = candidates.into_iter().flatten().find(|d| {
+        ["containerd", "containerd-shim-runc-v2", "runc"]
+            .iter()
+            .all(|b| d.join(b).is_file())
+    });
+    if found.is_none() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("engines (containerd 2.3.4, runc 1.5.1) missing: set ENGINES_DIR");
+        }
+        eprintln!("SKIP: no engines dir with containerd 2.3 and runc 1.5 (ENGINES_DIR)");
+    }
+    found
+}
+
+/// Replace `from` by `to` in `text`, exactly once (a changed default config fails loudly).
+fn set(text: &mut String, from: &str, to: &str) {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "containerd config default: {from:?}"
+    );
+    *text = text.replace(from, to);
+}
+
+/// A scratch directory with a short path (`/tmp/gpufence-tests/s-<pid>-<n>`, swept like the
+/// others) for containerd's shim sockets, linked from `dir/shim-sockets`.
+fn short_dir(dir: &Path) -> PathBuf {
+    let p = common::scratch("s");
+    let _ = std::os::unix::fs::symlink(&p, dir.join("shim-sockets"));
+    p
+}
+
+/// containerd 2.3's default config with everything private to `dir`; `required` turns on NRI's
+/// default validator requiring those plugins.
+pub fn containerd_config(bin: &Path, dir: &Path, required: &[&str]) -> PathBuf {
+    let out = Command::new(bin.join("containerd"))
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut t = String::from_utf8(out.stdout).unwrap();
+    let d = dir.display();
+    for sub in ["cni", "opt", "nri-plugins", "nri-conf", "runc"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    set(
+        &mut t,
+        "root = '/var/lib/containerd'",
+        &format!("root = '{d}/root'"),
+    );
+    set(
+        &mut t,
+        "state = '/run/containerd'",
+        &format!("state = '{d}/state'"),
+    );
+    set(
+        &mut t,
+        "imports = ['/etc/containerd/conf.d/*.toml']",
+        "imports = []",
+    );
+    set(
+        &mut t,
+        "address = '/run/containerd/containerd.sock'",
+        &format!("address = '{d}/containerd.sock'"),
+    );
+    set(
+        &mut t,
+        "address = '/run/containerd/containerd.sock.ttrpc'",
+        &format!("address = '{d}/containerd.sock.ttrpc'"),
+    );
+    set(
+        &mut t,
+        "path = '/opt/containerd'",
+        &format!("path = '{d}/opt'"),
+    );
+    set(
+        &mut t,
+        "socket_path = '/var/run/nri/nri.sock'",
+        &format!("socket_path = '{d}/nri.sock'"),
+    );
+    set(
+        &mut t,
+        "plugin_path = '/opt/nri/plugins'",
+        &format!("plugin_path = '{d}/nri-plugins'"),
+    );
+    set(
+        &mut t,
+        "plugin_config_path = '/etc/nri/conf.d'",
+        &format!("plugin_config_path = '{d}/nri-conf'"),
+    );
+    set(
+        &mut t,
+        "conf_dir = '/etc/cni/net.d'",
+        &format!("conf_dir = '{d}/cni'"),
+    );
+    set(
+        &mut t,
+        "BinaryName = ''",
+        &format!("BinaryName = '{}'", bin.join("runc").display()),
+    );
+    set(
+        &mut t,
+        "            Root = ''",
+        &format!("            Root = '{d}/runc'"),
+    );
+    // The shim's socket directory must be at most 42 bytes long.
+    let shim_dir = short_dir(dir);
+    set(
+        &mut t,
+        "socket_dir = ''",
+        &format!("socket_dir = '{}'", shim_dir.display()),
+    );
+    set(
+        &mut t,
+        "sandbox = 'registry.k8s.io/pause:3.10.2'",
+        "sandbox = 'localhost/pause:test'",
+    );
+    set(
+        &mut t,
+        "snapshotter = 'overlayfs'",
+        "snapshotter = 'native'",
+    );
+    // Root here lacks CAP_SYS_RESOURCE: the sandbox's oomScoreAdj -998 would fail.
+    set(
+        &mut t,
+        "restrict_oom_score_adj = false",
+        "restrict_oom_score_adj = true",
+    );
+    set(
+        &mut t,
+        "ignore_deprecation_warnings = []",
+        "ignore_deprecation_warnings = ['io.containerd.deprecation/cgroup-v1']",
+    );
+    if !required.is_empty() {
+        let v = "[plugins.'io.containerd.nri.v1.nri'.default_validator]\n      enable = false";
+        set(&mut t, v, &v.replace("false", "true"));
+        let list: Vec<String> = required.iter().map(|r| format!("'{r}'")).collect();
+        set(
+            &mut t,
+            "      required_plugins = []",
+            &format!("      required_plugins = [{}]", list.join(", ")),
+        );
+    }
+    let path = dir.join("config.toml");
+    std::fs::write(&path, t).unwrap();
+    path
+}
+
+/// Start containerd 2.3 on `config` with the engines first on PATH (its shim, the shim's runc).
+pub fn start_containerd23(bin: &Path, dir: &Path, config: &Path) -> Containerd {
+    start_containerd(Some(bin), config, dir, &[])
+}
+
+/// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
+pub fn request(
+    py: &Path,
+    c: &Containerd,
+    s: &Path,
+    name: &str,
+    command: &str,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut req = serde_json::json!({
+        "socket": c.sock, "handler": "", "dir": s, "name": name,
+        "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        req[k] = v.clone();
+    }
+    client(py, &req)
+}
+
+pub fn prerequisites() -> Option<(PathBuf, PathBuf)> {
+    if common::skip_unless(&["umoci", "tar"]) {
+        return None;
+    }
+    let bin = engines()?;
+    let py = python()?;
+    Some((bin, py))
+}
+
+/// `gpufence nri` with this config, on `socket` (killed on drop).
+pub struct NriProcess(pub Child);
+
+impl Drop for NriProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
+    let child = Command::new(common::bin("gpufence"))
+        .arg("--config")
+        .arg(config)
+        .args(["nri", "--socket"])
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    NriProcess(child)
+}
+
+/// Wait until `log` (gpufence's) says the plugin registered `n` times.
+pub fn wait_registered(log: &Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches("NRI: registered").count() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gpufence nri did not register: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Container directories left in the state dir (the inventory cache and counters are files).
+pub fn state_dirs(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// containerd 2.3's CRI `cdi_spec_dirs` in `config` ([`containerd_config`]'s file) set to `dirs`.
+pub fn set_cdi_spec_dirs(config: &Path, dirs: &[&Path]) {
+    let mut t = std::fs::read_to_string(config).unwrap();
+    let list: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
+    set(
+        &mut t,
+        "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']",
+        &format!("cdi_spec_dirs = [{}]", list.join(", ")),
+    );
+    std::fs::write(config, t).unwrap();
 }

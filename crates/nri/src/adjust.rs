@@ -12,7 +12,9 @@
 //! * env → `env`: the plan's, then its overrides (the later value of a key wins), one entry per
 //!   key. NRI replaces a variable's first occurrence only — a later duplicate in the container's
 //!   env would win back — and forwards no env removal to the runtime, so a container whose env
-//!   repeats a key the plan sets is refused;
+//!   repeats a key the plan sets is refused, unless the last occurrence (the one runc keeps)
+//!   needs no change: the plan's value, or an `NVIDIA_VISIBLE_DEVICES` that requests no device
+//!   (a CUDA image's `all` then the `void` of a DRA driver's CDI spec);
 //! * hooks → `hooks` by stage: the plan's own (e.g. the driver memory-limits createRuntime hook),
 //!   after the ld-cache refresh where one is needed (below);
 //! * the driver folders (`runtime.driver-layout = "folders"`, the default, where the node made
@@ -147,21 +149,48 @@ fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
             order.push(k);
         }
     }
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    // Per key of the container's env: how often it is set and its last value (the one the
+    // container gets: runc keeps the last of a repeated variable).
+    let mut seen: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
     for e in &ctr.env {
-        let k = e.split_once('=').map_or(e.as_str(), |(k, _)| k);
-        *seen.entry(k).or_default() += 1;
+        let (k, v) = e.split_once('=').unwrap_or((e.as_str(), ""));
+        let s = seen.entry(k).or_default();
+        *s = (s.0 + 1, v);
     }
-    if let Some(k) = order.iter().find(|k| seen.get(*k).is_some_and(|n| *n > 1)) {
-        return Err(AdjustError::DuplicateEnv(k.to_string()));
+    let mut kept: Vec<&str> = Vec::with_capacity(order.len());
+    for k in order {
+        match seen.get(k) {
+            Some((n, last)) if *n > 1 => {
+                if !repeated_is_settled(k, values[k], last) {
+                    return Err(AdjustError::DuplicateEnv(k.to_string()));
+                }
+                tracing::info!(
+                    key = k,
+                    last = *last,
+                    plan = values[k],
+                    "env repeated in the container, its last value needs no change: left as is"
+                );
+            }
+            _ => kept.push(k),
+        }
     }
-    Ok(order
+    Ok(kept
         .into_iter()
         .map(|k| KeyValue {
             key: k.to_string(),
             value: values[k].to_string(),
         })
         .collect())
+}
+
+/// Whether a variable the container sets more than once (NRI would let its last occurrence win
+/// back over the adjustment) can be left as the container has it: its last value is the plan's,
+/// or — `NVIDIA_VISIBLE_DEVICES` — it requests no device, so no GPU tooling can act on it (the
+/// fence is the device nodes and cgroup rules, not this variable). A CUDA image's `all` followed
+/// by the `void` a DRA driver's or device plugin's CDI spec sets is such a case.
+fn repeated_is_settled(key: &str, plan: &str, last: &str) -> bool {
+    use crate::allocation::container_dialects::{NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
+    last == plan || (key == NVIDIA_VISIBLE_DEVICES && nvd_requests_nothing(last))
 }
 
 /// Removals of the container's mounts at reserved destinations (when the plan mounts its
@@ -375,20 +404,39 @@ mod tests {
         );
         // A key the plan sets, repeated in the container's env: refused (NRI would let the
         // later duplicate win back); a repeated key the plan does not set is left alone.
-        let e = render(
-            &cfg(),
-            &gpu_plan(),
-            &ctr(
-                &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"],
-                &[],
-            ),
-        )
-        .unwrap_err();
-        assert_eq!(
-            e,
-            AdjustError::DuplicateEnv("NVIDIA_VISIBLE_DEVICES".into())
-        );
+        for env in [
+            ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"],
+            ["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=0"],
+            ["GPUFENCE_STATE=/run/gpufence", "GPUFENCE_STATE=/x"],
+        ] {
+            let e = render(&cfg(), &gpu_plan(), &ctr(&env, &[])).unwrap_err();
+            let key = env[0].split_once('=').unwrap().0;
+            assert_eq!(e, AdjustError::DuplicateEnv(key.into()), "{env:?}");
+        }
         render(&cfg(), &gpu_plan(), &ctr(&["A=1", "A=2"], &[])).unwrap();
+    }
+
+    #[test]
+    fn a_repeated_variable_whose_last_value_needs_no_change_is_left_as_is() {
+        let keys = |env: &[&str]| -> Vec<String> {
+            let a = render(&cfg(), &gpu_plan(), &ctr(env, &[])).unwrap();
+            a.env.into_iter().map(|e| e.key).collect()
+        };
+        // A CUDA image's `all`, then the `void` of a DRA driver's CDI spec: the container keeps
+        // `void` (it requests no device), the rest of the plan's env is set.
+        for last in ["void", "none", ""] {
+            let nvd = format!("NVIDIA_VISIBLE_DEVICES={last}");
+            assert_eq!(
+                keys(&["NVIDIA_VISIBLE_DEVICES=all", &nvd]),
+                ["GPUFENCE_MEMORY_LIMIT_0", "GPUFENCE_STATE"],
+                "{last:?}"
+            );
+        }
+        // Repeated with the plan's own value last: nothing to set.
+        assert_eq!(
+            keys(&["GPUFENCE_STATE=/x", "GPUFENCE_STATE=/run/gpufence"]),
+            ["GPUFENCE_MEMORY_LIMIT_0", "NVIDIA_VISIBLE_DEVICES"]
+        );
     }
 
     #[test]

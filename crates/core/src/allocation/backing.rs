@@ -14,70 +14,18 @@
 //! [`Recorded::from_record`] turns kubelet's record into devices of this node; [`check`] gives
 //! every granted device its [`Backing`] or refuses. Both pure.
 
-use serde::{Deserialize, Serialize};
-
+use super::container_dialects::{
+    NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing,
+};
+use super::device_nodes::{NodeKey, devices_of, node_at};
 use super::devices::{Resolved, all_devices, describe, resolve_token, split_list};
-use super::dialects::{NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
 use super::dra_share::Share;
-use super::spec_devices::{NodeKey, devices_of, node_at};
+pub use super::types::Backing;
 use super::{AllocationError, DeviceRef, ForeignCdiDevice};
 use crate::cdi::LoadedSpec;
 use crate::config::TrustAnnotations;
 use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, DraClaimRecord, KubeletSource, ResourceGrant};
-
-/// What backs one granted device (`gpufence plan` shows it for every device).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Backing {
-    /// kubelet's device-manager checkpoint: the device plugin of `resource` allocated it to this
-    /// container (`ids`: the plugin's device ids that name it, else all of the resource's).
-    DevicePlugin { resource: String, ids: Vec<String> },
-    /// kubelet's DRA state: a claim prepared for this pod (`namespace/name`); `device`: the
-    /// device node it arrived as, `share`: the share of a shared device (KEP-5075) its driver
-    /// wrote ([`super::dra_share`]).
-    DraClaim {
-        claim: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        device: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        share: Option<String>,
-    },
-    /// `allocation.trust-annotations = "admission"`: the operator's admission policy reserves
-    /// the annotation keys to the scheduler.
-    Admission,
-    /// Believed as written: `trust-annotations = true`, or not a CRI container.
-    #[default]
-    Trusted,
-}
-
-impl std::fmt::Display for Backing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Backing::DevicePlugin { resource, ids } => {
-                write!(f, "kubelet device plugin {resource} [{}]", ids.join(", "))
-            }
-            Backing::DraClaim {
-                claim,
-                device,
-                share,
-            } => {
-                write!(f, "kubelet DRA claim {claim}")?;
-                let detail: Vec<String> = device
-                    .iter()
-                    .map(|d| format!("device {d}"))
-                    .chain(share.iter().map(|s| format!("share {s}")))
-                    .collect();
-                if !detail.is_empty() {
-                    write!(f, " ({})", detail.join(", "))?;
-                }
-                Ok(())
-            }
-            Backing::Admission => f.write_str("admission policy"),
-            Backing::Trusted => f.write_str("trusted"),
-        }
-    }
-}
 
 /// CDI kinds whose device names are gpufence device tokens (`0`, `GPU-…`, `0:1`, `all`).
 const GPU_CDI_KINDS: [&str; 2] = [crate::cdi::KIND, "nvidia.com/gpu"];
@@ -296,12 +244,17 @@ impl Recorded {
         for k in &spec_nodes {
             self.add_node(*k, backing_all.clone());
         }
+        let mut unresolved: Vec<String> = Vec::new();
         for n in grant_cdi_names(g) {
-            if let Some(r) = resolve_cdi(&n, specs, inv) {
-                for k in &r.nodes {
-                    self.add_node(*k, backing_all.clone());
+            match resolve_cdi(&n, specs, inv) {
+                Some(r) => {
+                    for k in &r.nodes {
+                        self.add_node(*k, backing_all.clone());
+                    }
+                    node_devs.extend(r.devices);
                 }
-                node_devs.extend(r.devices);
+                None if !is_gpu_kind(&n) => unresolved.push(n),
+                None => {}
             }
         }
         devs.extend(node_devs);
@@ -332,7 +285,7 @@ impl Recorded {
             self.add_name(n, backing_all.clone());
         }
         format!(
-            "{} [{}]{}",
+            "{} [{}]{}{}",
             g.resource,
             g.device_ids
                 .iter()
@@ -340,7 +293,8 @@ impl Recorded {
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", "),
-            shown_devices(&devs)
+            shown_devices(&devs),
+            shown_unresolved(&unresolved)
         )
     }
 
@@ -349,12 +303,16 @@ impl Recorded {
     /// the summary.
     fn add_claim(&mut self, c: &DraClaimRecord, inv: &Inventory, specs: &[LoadedSpec]) -> String {
         let mut devs: Vec<Resolved> = Vec::new();
+        let mut unresolved: Vec<String> = Vec::new();
         for id in &c.cdi_device_ids {
             let Ok(q) = crate::cdi::parse::parse_qualified_name(id) else {
                 continue;
             };
             let shared = c.shared_cdi_ids.contains(id);
             let resolved = resolve_cdi(id, specs, inv);
+            if resolved.is_none() && !is_gpu_kind(id) {
+                unresolved.push(id.clone());
+            }
             let share: Option<Result<Share, String>> = shared.then(|| match &resolved {
                 None => Err(format!("no CDI spec in the CDI directories (cdi.spec-dirs) defines {id}")),
                 Some(r) => match super::dra_share::read(r.spec, r.dev) {
@@ -411,10 +369,18 @@ impl Recorded {
             }
             devs.extend(here);
         }
+        let ids: Vec<String> = c
+            .cdi_device_ids
+            .iter()
+            .map(|id| match unresolved.contains(id) {
+                true => format!("{id}: {UNRESOLVED}"),
+                false => id.clone(),
+            })
+            .collect();
         format!(
             "DRA claim {} [{}]{}",
             c.claim,
-            c.cdi_device_ids.join(", "),
+            ids.join(", "),
             shown_devices(&devs)
         )
     }
@@ -476,6 +442,27 @@ impl Recorded {
             .map(|(_, b)| b)
     }
 }
+
+/// Whether a fully qualified CDI name is of a kind whose device names are gpufence device
+/// tokens (resolved without a spec).
+fn is_gpu_kind(name: &str) -> bool {
+    crate::cdi::parse::parse_qualified_name(name)
+        .is_ok_and(|q| GPU_CDI_KINDS.contains(&q.kind().as_str()))
+}
+
+/// The recorded CDI devices no spec defines, for the summary of a device plugin's grant (a
+/// claim's are marked in its list of ids): what kubelet recorded then backs
+/// nothing, and the refusal says why (a driver's spec gpufence did not read — not in
+/// `cdi.spec-dirs`, or skipped as writable by others: gpufence's log names the file).
+fn shown_unresolved(names: &[String]) -> String {
+    if names.is_empty() {
+        return String::new();
+    }
+    format!(" ({}: {UNRESOLVED})", names.join(", "))
+}
+
+/// What the summary says of a recorded CDI device no spec defines.
+const UNRESOLVED: &str = "in no CDI spec read from cdi.spec-dirs";
 
 fn shown_devices(devs: &[Resolved]) -> String {
     if devs.is_empty() {
