@@ -82,16 +82,17 @@ pub fn render(
             ..Default::default()
         });
     }
-    // The folders layout names the library folder in LD_LIBRARY_PATH instead (env below).
+    let (folder_env, library_path_set) = folder_env(plan, ctr);
+    // The folders layout names the library folder in LD_LIBRARY_PATH instead (env below), unless
+    // the container repeats LD_LIBRARY_PATH (NRI cannot change a repeated variable): the hook.
     let ld_hook = match &plan.driver_folders {
-        Some(_) => None,
-        None => plan
-            .ld_cache
-            .as_ref()
+        Some(_) if library_path_set => None,
+        _ => plan
+            .layout_ld_cache()
             .map(|l| crate::plan::ldcache_hook(cfg, &l.folders)),
     };
     Ok(ContainerAdjustment {
-        env: env(plan, ctr)?,
+        env: env(plan, &folder_env, ctr)?,
         mounts: mounts(plan, ctr)?,
         hooks: hooks(ld_hook.iter().chain(&plan.edits.hooks))?,
         linux: (linux != LinuxContainerAdjustment::default()).then_some(linux),
@@ -128,20 +129,51 @@ fn rule(r: &CgroupRule) -> LinuxDeviceCgroup {
     }
 }
 
-/// The plan's env, the driver folders' (`PATH`, `LD_LIBRARY_PATH`), then the plan's overrides,
-/// one entry per key (the last value), in first-seen order.
-fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
+/// The driver folders' env (`PATH`, `LD_LIBRARY_PATH`) the adjustment can set: a variable the
+/// container sets more than once is left alone (NRI replaces only its first occurrence and runc
+/// keeps the last; CRI-O repeats `PATH`) — a convenience, not a fence: `PATH` then lacks the
+/// binaries' folder, and the ld cache hook stands in for `LD_LIBRARY_PATH`. Returns the entries
+/// and whether `LD_LIBRARY_PATH` is among them (or needed none).
+fn folder_env<'p>(plan: &'p Plan, ctr: &Container) -> (Vec<&'p String>, bool) {
+    let Some(f) = &plan.driver_folders else {
+        return (Vec::new(), false);
+    };
+    let repeated = |entry: &str| {
+        let key = entry.split_once('=').map_or(entry, |(k, _)| k);
+        let n = ctr
+            .env
+            .iter()
+            .filter(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) == key)
+            .count();
+        if n > 1 {
+            tracing::info!(
+                container = %ctr.id,
+                key,
+                "env repeated in the container: the driver folders leave it alone"
+            );
+        }
+        n > 1
+    };
+    let out: Vec<&String> = f
+        .env
+        .iter()
+        .chain(&f.library_path)
+        .filter(|e| !repeated(e))
+        .collect();
+    let library = f.library_path.as_ref().is_none_or(|l| out.contains(&l));
+    (out, library)
+}
+
+/// The plan's env, the driver folders' (`folder_env`), then the plan's overrides, one entry per
+/// key (the last value), in first-seen order.
+fn env(plan: &Plan, folder_env: &[&String], ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
     let mut order: Vec<&str> = Vec::new();
     let mut values: BTreeMap<&str, &str> = BTreeMap::new();
-    let folders = plan
-        .driver_folders
-        .iter()
-        .flat_map(|f| f.env.iter().chain(&f.library_path));
     for e in plan
         .edits
         .env
         .iter()
-        .chain(folders)
+        .chain(folder_env.iter().copied())
         .chain(&plan.env_overrides)
     {
         let (k, v) = e.split_once('=').unwrap_or((e.as_str(), ""));
@@ -567,6 +599,9 @@ mod tests {
             mounts,
             env: vec!["PATH=/bin:/usr/local/nvidia/bin".into()],
             library_path: Some("LD_LIBRARY_PATH=/opt/lib:/usr/local/nvidia/lib64".into()),
+            ld_cache: Some(LdCache {
+                folders: vec![crate::plan::folders::LIB_FOLDER.into()],
+            }),
             ..Default::default()
         });
         let a = render(
@@ -599,11 +634,25 @@ mod tests {
         let h = a.hooks.unwrap();
         assert!(h.create_container.is_empty(), "no ld cache hook: {h:?}");
         assert_eq!(h.create_runtime.len(), 1, "the plan's own hooks stay");
-        // A container repeating LD_LIBRARY_PATH is refused, as for any key the plan sets.
+        // A container repeating PATH (CRI-O does) or LD_LIBRARY_PATH: NRI cannot change the
+        // variable, so the folders leave it alone — PATH without the binaries' folder, the ld
+        // cache hook in place of LD_LIBRARY_PATH.
+        let c = ctr(&["PATH=/bin", "PATH=/usr/bin:/bin"], &[]);
+        let a = render(&cfg(), &p, &c).unwrap();
+        assert!(a.env.iter().all(|e| e.key != "PATH"), "{:?}", a.env);
+        assert!(a.env.iter().any(|e| e.key == "LD_LIBRARY_PATH"));
+        assert!(a.hooks.unwrap().create_container.is_empty());
         let c = ctr(&["LD_LIBRARY_PATH=/a", "LD_LIBRARY_PATH=/b"], &[]);
+        let a = render(&cfg(), &p, &c).unwrap();
+        assert!(
+            a.env.iter().all(|e| e.key != "LD_LIBRARY_PATH"),
+            "{:?}",
+            a.env
+        );
         assert_eq!(
-            render(&cfg(), &p, &c).unwrap_err(),
-            AdjustError::DuplicateEnv("LD_LIBRARY_PATH".into())
+            a.hooks.unwrap().create_container.len(),
+            1,
+            "the ld cache hook"
         );
     }
 
