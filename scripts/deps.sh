@@ -6,7 +6,8 @@
 #                    the debug build, started while apt-get still installs (make demo)
 #   deps.sh lint     demo's set + rustfmt and clippy, g++ (libFuzzer, for checking the fuzz targets)
 #   deps.sh build    demo's set + the venv with cargo-zigbuild/zig (make build's glibc-2.17 shim)
-#   deps.sh test     demo's set + the engines and tools of the end-to-end tests + the venv with
+#   deps.sh test     demo's set + the engines and tools of the end-to-end tests (containerd's and
+#                    CRI-O's: conmon, skopeo, umoci) + the venv with
 #                    the CRI client and the Prometheus parser
 #   deps.sh image    umoci (make image; the build set comes with make build)
 #   deps.sh package  rpm, cargo-deb, cargo-generate-rpm: make package, and the packaging test,
@@ -20,7 +21,9 @@ cd "$(dirname "$0")/.."
 DEMO_TOOLS_APT=(ca-certificates curl gcc libc6-dev)
 DEMO_RUN_APT=(python3 runc podman busybox-static)
 BUILD_APT=(python3-venv python3-pip binutils)
-TEST_APT=(containerd umoci skopeo bpftool python3-venv python3-pip iproute2 uidmap binutils)
+# conmon, libsqlite3-0, libseccomp2: CRI-O 1.36.3's monitor and the libraries crio links (the
+# engines' build); skopeo puts the tests' image into CRI-O's storage
+TEST_APT=(containerd umoci skopeo conmon libsqlite3-0 libseccomp2 bpftool python3-venv python3-pip iproute2 uidmap binutils)
 IMAGE_APT=(umoci binutils)
 PACKAGE_APT=(rpm)
 DOCKER_APT=(docker.io)

@@ -16,8 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cel::{Context, Env, Program, Value};
-use gpufence::allocation::dialects;
-use gpufence::allocation::scheduler::{gpushare, hami, kai};
+use gpufence::allocation::container_dialects;
+use gpufence::allocation::pod_dialects::{
+    gpushare_pod as gpushare, hami_pod as hami, kai_pod as kai,
+};
 use proptest::prelude::*;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
@@ -295,17 +297,17 @@ fn scheduler_accounts(p: &Policy) -> Vec<String> {
 
 /// One key of every dialect's keys and key prefixes, from gpufence's own constants.
 fn dialect_keys() -> Vec<String> {
-    let mut keys: Vec<String> = dialects::KNOWN_ANNOTATIONS
+    let mut keys: Vec<String> = container_dialects::KNOWN_ANNOTATIONS
         .iter()
         .map(|s| s.to_string())
         .collect();
-    keys.push(format!("{}future", dialects::ANN_PREFIX));
+    keys.push(format!("{}future", container_dialects::ANN_PREFIX));
     keys.push(format!(
         "{}nvidia-device-plugin_1",
         gpufence::cdi::parse::ANNOTATION_PREFIX
     ));
     keys.push(hami::ALLOCATED.to_string());
-    keys.push(dialects::ALIYUN_GPU_COUNT.to_string());
+    keys.push(container_dialects::ALIYUN_GPU_COUNT.to_string());
     for k in [
         gpushare::IDX,
         gpushare::POD,
@@ -315,7 +317,7 @@ fn dialect_keys() -> Vec<String> {
     ] {
         keys.push(k.to_string());
     }
-    keys.push(format!("{}OTHER", dialects::ALIYUN_PREFIX));
+    keys.push(format!("{}OTHER", container_dialects::ALIYUN_PREFIX));
     for s in [
         kai::DEVICES,
         kai::MEMORY_LIMIT,
@@ -612,7 +614,7 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
     collect_str_consts(&root, &mut literals);
     // The scan finds the dialects (a move of src/allocation must move this test too).
     for anchor in [
-        dialects::ANN_DEVICES,
+        container_dialects::ANN_DEVICES,
         hami::ALLOCATED,
         kai::PREFIX,
         gpushare::IDX,

@@ -30,14 +30,11 @@
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+pub mod layout;
 pub mod stats;
 
-pub const MAX_DEVICES: usize = 64;
-pub const SLOTS: usize = 1024;
-pub const MAGIC: u64 = 0x6770_7566_656e_6365; // "gpufence"
-/// Bits 40..: layout revision (2: `slots_hwm` in the header; 3: the stats block follows the
-/// slots).
-pub const LAYOUT: u64 = ((SLOTS as u64) << 16) | MAX_DEVICES as u64 | (3 << 40);
+pub use layout::{LAYOUT, MAGIC, MAX_DEVICES, SLOTS};
+
 pub const RECLAIM: u64 = 1 << 63;
 const START_BITS: u32 = 40;
 /// File name of the region inside `$GPUFENCE_STATE`.

@@ -6,10 +6,13 @@ REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": 
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
                "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate",
-               "cdi_devices": ["vendor/class=name"],
-               "devices": [{"container_path": "/dev/x", "host_path": "/dev/x", "permissions": "rw"}]}
-cdi_devices and devices: what kubelet passes for a device plugin's CDI devices and DeviceSpecs
-and a DRA claim's CDI ids (CRI ContainerConfig.CDI_devices and .devices).
+               "devices": [{"host": "/dev/x", "container": "/dev/x", "permissions": "rw"}],
+               "cdi_devices": ["vendor/class=name"]}
+"started_file": created once StartContainer returned. "finished_at" (answer): when the
+container exited, ns since the epoch.
+"devices": what kubelet passes from a device plugin's Allocate (CRI `devices`); "cdi_devices":
+its CDI devices and a DRA claim's CDI ids (CRI `CDI_devices`). While the
+container runs, a runtime that goes away (a restart) is waited for until the timeout.
 Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
                          "log": "<container output>", "sandbox_id": ..., "container_id": ...}
 The pod is stopped and removed before exiting, whatever happened.
@@ -41,8 +44,12 @@ def main():
         # containerd chrooted into a test's host root).
         log_dir = os.path.join(req["dir"], "pod-logs", name)
         os.makedirs(req.get("root", "") + log_dir, exist_ok=True)
+        # kubelet's identity labels (CRI-O names containers to NRI and hooks.d by them)
+        labels = {"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default",
+                  "io.kubernetes.pod.uid": name + "-uid"}
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
+            labels=labels,
             log_directory=log_dir,
             annotations=req.get("pod_annotations", {}),
             linux=pb.LinuxPodSandboxConfig(
@@ -68,17 +75,15 @@ def main():
 
         ctr_cfg = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="app", attempt=0),
-            image=pb.ImageSpec(image=req["image"]),
+            labels=dict(labels, **{"io.kubernetes.container.name": "app"}),
+            # what kubelet sends (CRI-O refuses a container without the user's image name)
+            image=pb.ImageSpec(image=req["image"], user_specified_image=req["image"]),
             command=req["command"],
             envs=[pb.KeyValue(key=k, value=v) for k, v in req.get("envs", {}).items()],
             annotations=req.get("container_annotations", {}),
             log_path="app.log",
             devices=[
-                pb.Device(
-                    container_path=d["container_path"],
-                    host_path=d["host_path"],
-                    permissions=d.get("permissions", "rw"),
-                )
+                pb.Device(container_path=d["container"], host_path=d["host"], permissions=d.get("permissions", "rw"))
                 for d in req.get("devices", [])
             ],
             CDI_devices=[pb.CDIDevice(name=n) for n in req.get("cdi_devices", [])],
@@ -91,12 +96,21 @@ def main():
         out["container_id"] = cid
         out["stage"] = "start_container"
         rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=timeout)
+        if req.get("started_file"):  # tells the test StartContainer returned
+            open(req["started_file"], "w").close()
         out["stage"] = "wait"
         deadline = time.time() + timeout
         while time.time() < deadline:
-            st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=timeout).status
+            try:
+                st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=timeout).status
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(0.2)  # the runtime restarts
+                continue
             if st.state == pb.CONTAINER_EXITED:
                 out["exit_code"] = st.exit_code
+                out["finished_at"] = st.finished_at  # ns since the epoch
                 break
             time.sleep(0.1)
         else:
@@ -112,7 +126,7 @@ def main():
     finally:
         if sandbox_id:
             try:
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout, wait_for_ready=True)
                 rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=timeout)
             except grpc.RpcError as e:
                 out["cleanup_error"] = e.details()

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
+pub mod crio;
+
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {
     pub child: Child,
@@ -87,21 +89,24 @@ impl Containerd {
 /// beside it, records under `records`), checking the real runtime named by gpufence's config
 /// `gpufence_config` (the node's `runtime.path`); its stdout.
 pub fn configure_handler(gpufence_config: &Path, main: &Path, records: &Path) -> String {
+    let args = ["configure", "--runtime", "containerd"];
+    runtime_verb(gpufence_config, &args, main, records)
+}
+
+/// `gpufence runtime ARGS --config MAIN --record-dir RECORDS` with `GPUFENCE_CONFIG`
+/// (`configure`/`unconfigure`, `--runtime`, `--mode`, …); its stdout, a failure asserted.
+pub fn runtime_verb(gpufence_config: &Path, args: &[&str], main: &Path, records: &Path) -> String {
     let (code, out, err) = common::run(
         Command::new(common::bin("gpufence"))
             .env("GPUFENCE_CONFIG", gpufence_config)
-            .args([
-                "runtime",
-                "configure",
-                "--runtime",
-                "containerd",
-                "--config",
-            ])
+            .arg("runtime")
+            .args(args)
+            .arg("--config")
             .arg(main)
             .arg("--record-dir")
             .arg(records),
     );
-    assert_eq!(code, 0, "runtime configure: {out}{err}");
+    assert_eq!(code, 0, "runtime {args:?}: {out}{err}");
     out
 }
 
@@ -186,6 +191,38 @@ pub fn import_image_named(s: &Path, c: &Containerd, name: &str, env: &[&str]) {
 
 /// `rootfs` as an OCI image `localhost/<name>:test` with this env, imported into containerd.
 pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &[&str]) {
+    let layout = oci_layout(s, name, rootfs, env);
+    let tar = s.join(format!("{name}-oci.tar"));
+    let (code, out, err) = common::run(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."),
+    );
+    assert_eq!(code, 0, "tar: {out}{err}");
+    let mut import = c.ctr();
+    import.args([
+        "images",
+        "import",
+        "--base-name",
+        &format!("localhost/{name}"),
+        "--snapshotter",
+        "native",
+    ]);
+    if c.ctr_is_v2() {
+        // containerd 2.x's transfer service unpacks only for the platforms its config names;
+        // a local import unpacks into the native snapshotter as 1.x's ctr does.
+        import.arg("--local");
+    }
+    let (code, out, err) = common::run(import.arg(&tar));
+    assert_eq!(code, 0, "ctr import: {out}{err}");
+}
+
+/// `rootfs` as an OCI image layout `s/img-<name>` tagged `test`, with this env (entrypoint
+/// `sleep 2147483647`): for containerd's import and CRI-O's storage alike.
+pub fn oci_layout(s: &Path, name: &str, rootfs: &Path, env: &[&str]) -> PathBuf {
     let img = s.join(format!("img-{name}"));
     let ub = s.join(format!("img-bundle-{name}"));
     let sh = |args: &[&str]| {
@@ -218,24 +255,7 @@ pub fn import_rootfs(s: &Path, c: &Containerd, name: &str, rootfs: &Path, env: &
         config.extend(["--config.env", e]);
     }
     sh(&config);
-    let tar = s.join(format!("{name}-oci.tar"));
-    sh(&["tar", "-C", layout, "-cf", tar.to_str().unwrap(), "."]);
-    let mut import = c.ctr();
-    import.args([
-        "images",
-        "import",
-        "--base-name",
-        &format!("localhost/{name}"),
-        "--snapshotter",
-        "native",
-    ]);
-    if c.ctr_is_v2() {
-        // containerd 2.x's transfer service unpacks only for the platforms its config names;
-        // a local import unpacks into the native snapshotter as 1.x's ctr does.
-        import.arg("--local");
-    }
-    let (code, out, err) = common::run(import.arg(&tar));
-    assert_eq!(code, 0, "ctr import: {out}{err}");
+    img
 }
 
 /// An operator's containerd 1.6 configuration (config version 2) in `dir`: own root, state and
@@ -490,14 +510,14 @@ pub fn start_containerd23(bin: &Path, dir: &Path, config: &Path) -> Containerd {
 /// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
 pub fn request(
     py: &Path,
-    c: &Containerd,
+    sock: &Path,
     s: &Path,
     name: &str,
     command: &str,
     extra: serde_json::Value,
 ) -> serde_json::Value {
     let mut req = serde_json::json!({
-        "socket": c.sock, "handler": "", "dir": s, "name": name,
+        "socket": sock, "handler": "", "dir": s, "name": name,
         "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
     });
     for (k, v) in extra.as_object().unwrap() {

@@ -49,14 +49,18 @@ pub enum Reason {
     Spec,
     /// The host failed gpufence (state directory, ld cache, mounts, cgroup, runtime).
     Host,
+    /// Not a creation refused: a running container found holding a GPU without gpufence's
+    /// fence (NRI's after-the-fact check) and fenced or stopped.
+    Unfenced,
 }
 
-pub const REASONS: [Reason; 5] = [
+pub const REASONS: [Reason; 6] = [
     Reason::Allocation,
     Reason::Inventory,
     Reason::Config,
     Reason::Spec,
     Reason::Host,
+    Reason::Unfenced,
 ];
 
 impl Reason {
@@ -67,6 +71,7 @@ impl Reason {
             Reason::Config => "config",
             Reason::Spec => "spec",
             Reason::Host => "host",
+            Reason::Unfenced => "unfenced",
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod cdi_dirs;
 pub mod configure;
+pub mod engine;
 pub mod install;
 pub mod nri_config;
 pub mod real_runtime;

@@ -19,18 +19,31 @@
 //! A version 2 file is refused: containerd 1.7 has no default validator, so NRI could not fail
 //! closed there (use the runtime handler). docs/nri.md says what the validator does not close.
 //!
-//! The pre-registered plugin: [`wrapper`] is the executable containerd starts from its
-//! `plugin_path` ([`plugin_path`]) as `<index>-<name>`, with the connection on fd 3.
+//! CRI-O (≥ 1.34: `[crio.nri.default_validator]`): a drop-in `crio.conf.d/99-<name>-nri.conf`
+//! ([`crio`]), which CRI-O loads after the operator's files key by key:
+//!
+//! ```toml
+//! [crio.nri]
+//! enable_nri = true
+//!
+//! [crio.nri.default_validator]
+//! nri_enable_default_validator = true
+//! nri_validator_required_plugins = ["gpufence"]
+//! nri_validator_tolerate_missing_plugins_annotation = ""
+//! ```
+//!
+//! The pre-registered plugin: [`wrapper`] is the executable the runtime starts from its plugin
+//! directory (containerd's `plugin_path`, [`plugin_path`]; CRI-O's `nri_plugin_dir`,
+//! [`crio_plugin_path`]) as `<index>-<name>`, with the connection on fd 3.
 
 use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, value};
 
-use crate::configure::{
-    ConfigureError, Engine, FileWrite, add_import, drop_in_path, file_write, in_root,
-    parse_containerd, read_optional, string_array,
+use crate::engine::{
+    ConfigureError, Engine, FileWrite, OWN_FILE_MARK, add_import, drop_in_path, file_write,
+    in_root, parse_containerd, read_optional, string_array,
 };
-use crate::unconfigure::OWN_FILE_MARK;
 
 /// containerd's NRI plugin (config version 3 and 4).
 pub const NRI_PLUGIN: &str = "io.containerd.nri.v1.nri";
@@ -54,14 +67,18 @@ pub fn plan_writes(
         path: config.to_path_buf(),
         message,
     };
-    if engine != Engine::Containerd {
-        return Err(unsupported(
-            "--mode nri configures containerd only (CRI-O: set `enable_nri = true` under [crio.nri]; its validator is not checked here)".into(),
-        ));
-    }
-    let drop_in_path = drop_in_path(engine, config, &config_name(name))
-        .ok_or_else(|| unsupported("no drop-in directory".into()))?;
+    let drop_in_path = drop_in_path(engine, config, &config_name(name)).ok_or_else(|| {
+        unsupported("--mode nri configures containerd and CRI-O (docker has no NRI)".into())
+    })?;
     let here = |p: &Path| in_root(root, p);
+    if engine == Engine::Crio {
+        let layers = crio_layers(&here(config), &here(&drop_in_path))?;
+        let drop_in = crio(&layers, name).map_err(|(file, message)| ConfigureError::Parse {
+            path: file,
+            message,
+        })?;
+        return Ok(vec![file_write(here(&drop_in_path), drop_in, 0o644)?]);
+    }
     let main = read_optional(&here(config))?.ok_or_else(|| {
         unsupported("no such file: create it first (`containerd config default`)".into())
     })?;
@@ -144,6 +161,111 @@ pub fn containerd(
     Ok((doc.to_string(), drop_in.to_string()))
 }
 
+/// CRI-O's configuration as it loads it, before gpufence's drop-in: (file, text) of the main
+/// file (when present) and of every other `crio.conf.d/*.conf`, in CRI-O's order (lexical).
+pub fn crio_layers(main: &Path, own: &Path) -> Result<Vec<(PathBuf, String)>, ConfigureError> {
+    let mut out = Vec::new();
+    if let Some(t) = read_optional(main)? {
+        out.push((main.to_path_buf(), t));
+    }
+    let dir = own.parent().unwrap_or(Path::new("/"));
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "conf") && p != own)
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for p in names {
+        if let Some(t) = read_optional(&p)? {
+            out.push((p, t));
+        }
+    }
+    Ok(out)
+}
+
+/// The last value `key` of table `crio.nri[.sub]` has across CRI-O's `layers`; an unparsable
+/// layer is the error (file, why).
+fn crio_nri_value(
+    layers: &[(PathBuf, String)],
+    sub: Option<&str>,
+    key: &str,
+) -> Result<Option<Item>, (PathBuf, String)> {
+    let mut found = None;
+    for (file, text) in layers {
+        let doc: DocumentMut = text
+            .parse()
+            .map_err(|e: toml_edit::TomlError| (file.clone(), e.message().to_string()))?;
+        let mut t = doc.get("crio").and_then(|c| c.get("nri"));
+        if let Some(sub) = sub {
+            t = t.and_then(|n| n.get(sub));
+        }
+        if let Some(v) = t.and_then(|t| t.get(key)) {
+            found = Some(v.clone());
+        }
+    }
+    Ok(found)
+}
+
+/// CRI-O's drop-in (`crio.conf.d/99-<name>-nri.conf`, loaded after the operator's files, key by
+/// key): NRI on, its default validator (CRI-O ≥ 1.34) requiring plugin `name` besides the ones
+/// `layers` already require, its pod-annotation escape hatch cleared.
+pub fn crio(layers: &[(PathBuf, String)], name: &str) -> Result<String, (PathBuf, String)> {
+    let mut required: Vec<String> = crio_nri_value(
+        layers,
+        Some("default_validator"),
+        "nri_validator_required_plugins",
+    )?
+    .and_then(|v| {
+        v.as_array().map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+    })
+    .unwrap_or_default();
+    if !required.iter().any(|r| r == name) {
+        required.push(name.to_string());
+    }
+    let mut validator = Table::new();
+    validator.insert("nri_enable_default_validator", value(true));
+    validator.insert(
+        "nri_validator_required_plugins",
+        value(string_array(required.iter().map(String::as_str))),
+    );
+    validator.insert(
+        "nri_validator_tolerate_missing_plugins_annotation",
+        value(""),
+    );
+    let mut nri = Table::new();
+    nri.insert("enable_nri", value(true));
+    nri.insert("default_validator", Item::Table(validator));
+    let mut crio = Table::new();
+    crio.set_implicit(true);
+    crio.insert("nri", Item::Table(nri));
+    let mut doc = DocumentMut::new();
+    doc.insert("crio", Item::Table(crio));
+    doc.decor_mut().set_prefix(format!(
+        "{OWN_FILE_MARK} --mode nri`: NRI enabled, its default validator requiring the\n\
+         # `{name}` plugin (every container is refused unless `gpufence nri` processed it).\n\
+         # The required plugins already set in CRI-O's other files are kept: run configure again\n\
+         # after editing them there.\n"
+    ));
+    Ok(doc.to_string())
+}
+
+/// Where CRI-O looks for pre-registered plugins (`[crio.nri] nri_plugin_dir` of its `layers`,
+/// else NRI's default), as the host sees it.
+pub fn crio_plugin_path(layers: &[(PathBuf, String)]) -> PathBuf {
+    crio_nri_value(layers, None, "nri_plugin_dir")
+        .ok()
+        .flatten()
+        .and_then(|v| v.as_str().filter(|p| p.starts_with('/')).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PLUGIN_PATH))
+}
+
 /// The main file's NRI plugin section (a copy, without its comments), or an empty one.
 fn nri_section(doc: &DocumentMut) -> Result<Table, String> {
     let mut section = match doc.get("plugins").and_then(|p| p.get(NRI_PLUGIN)) {
@@ -177,17 +299,38 @@ pub fn plugin_file(name: &str) -> String {
     format!("{PLUGIN_INDEX}-{name}")
 }
 
-/// The executable containerd starts as the pre-registered plugin: absolute paths (containerd
-/// gives it no `PATH` and no `GPUFENCE_CONFIG`), the configuration named.
+/// The executable the runtime starts as the pre-registered plugin: absolute paths (it gives it
+/// no `PATH` and no `GPUFENCE_CONFIG`), the configuration named.
 pub fn wrapper(gpufence: &Path, config: &Path) -> String {
     format!(
         "#!/bin/sh\n\
          # Written by `gpufence install --mode nri`: the gpufence NRI plugin, started by\n\
-         # containerd with its connection on fd 3 (NRI_PLUGIN_SOCKET).\n\
+         # the runtime with its connection on fd 3 (NRI_PLUGIN_SOCKET).\n\
          exec {} --config {} nri\n",
         gpufence.display(),
         config.display()
     )
+}
+
+/// A CRI-O drop-in's required plugins, once checked to turn NRI and its validator on with the
+/// escape hatch cleared (tests).
+#[cfg(test)]
+pub(crate) fn crio_required(drop_in: &str) -> Vec<String> {
+    let doc: DocumentMut = drop_in.parse().unwrap();
+    let nri = &doc["crio"]["nri"];
+    assert_eq!(nri["enable_nri"].as_bool(), Some(true), "{drop_in}");
+    let v = &nri["default_validator"];
+    assert_eq!(v["nri_enable_default_validator"].as_bool(), Some(true));
+    assert_eq!(
+        v["nri_validator_tolerate_missing_plugins_annotation"].as_str(),
+        Some("")
+    );
+    v["nri_validator_required_plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x.as_str().map(str::to_string))
+        .collect()
 }
 
 #[cfg(test)]
@@ -266,8 +409,8 @@ mod tests {
                 .to_string();
             assert!(e.contains("default validator"), "{e}");
         }
-        let e = plan_writes(Path::new("/"), Engine::Crio, Path::new("/c"), "gf").unwrap_err();
-        assert!(e.to_string().contains("containerd only"), "{e}");
+        let e = plan_writes(Path::new("/"), Engine::Docker, Path::new("/c"), "gf").unwrap_err();
+        assert!(e.to_string().contains("docker has no NRI"), "{e}");
         let e = containerd(
             "version = 3\n[plugins]\n'io.containerd.nri.v1.nri' = 1\n",
             Path::new("/c.toml"),
@@ -276,6 +419,75 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("is not a table"), "{e}");
+    }
+
+    #[test]
+    fn crio_gets_nri_and_its_validator_keeping_required_plugins() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/crio");
+        std::fs::create_dir_all(etc.join("crio.conf.d")).unwrap();
+        std::fs::write(
+            etc.join("crio.conf"),
+            "[crio.nri]\nnri_plugin_dir = \"/custom/nri\"\n[crio.nri.default_validator]\nnri_validator_required_plugins = [\"a\"]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            etc.join("crio.conf.d/10-op.conf"),
+            "[crio.nri.default_validator]\nnri_validator_required_plugins = [\"b\"]\n",
+        )
+        .unwrap();
+        std::fs::write(etc.join("crio.conf.d/notes.txt"), "not toml [").unwrap();
+        let w = plan_writes(
+            dir.path(),
+            Engine::Crio,
+            Path::new("/etc/crio/crio.conf"),
+            "gpufence",
+        )
+        .unwrap();
+        assert_eq!(w.len(), 1, "the main file is not touched");
+        assert_eq!(w[0].path, etc.join("crio.conf.d/99-gpufence-nri.conf"));
+        assert!(
+            w[0].contents.starts_with(OWN_FILE_MARK),
+            "{}",
+            w[0].contents
+        );
+        // The last layer's list (CRI-O replaces arrays), plus gpufence.
+        assert_eq!(crio_required(&w[0].contents), ["b", "gpufence"]);
+        assert!(!w[0].contents.contains("\n[crio]\n"), "implicit parent");
+        // Its own earlier file is not a layer: configuring again gives the same file.
+        std::fs::write(&w[0].path, &w[0].contents).unwrap();
+        let again = plan_writes(
+            dir.path(),
+            Engine::Crio,
+            Path::new("/etc/crio/crio.conf"),
+            "gpufence",
+        )
+        .unwrap();
+        assert_eq!(again[0].contents, w[0].contents);
+        let layers = crio_layers(&etc.join("crio.conf"), &w[0].path).unwrap();
+        assert_eq!(crio_plugin_path(&layers), PathBuf::from("/custom/nri"));
+        assert_eq!(crio_plugin_path(&[]), PathBuf::from(DEFAULT_PLUGIN_PATH));
+        // No main file: a node running on CRI-O's defaults.
+        std::fs::remove_file(etc.join("crio.conf")).unwrap();
+        assert!(
+            plan_writes(
+                dir.path(),
+                Engine::Crio,
+                Path::new("/etc/crio/crio.conf"),
+                "gf"
+            )
+            .is_ok()
+        );
+        // A layer that is not TOML is named.
+        std::fs::write(etc.join("crio.conf.d/20-bad.conf"), "[crio").unwrap();
+        let e = plan_writes(
+            dir.path(),
+            Engine::Crio,
+            Path::new("/etc/crio/crio.conf"),
+            "gf",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("20-bad.conf"), "{e}");
     }
 
     #[test]

@@ -15,9 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::configure::{self, ConfigureError, Engine, FileWrite};
-
-/// First line of every file gpufence writes itself (its drop-ins).
-pub const OWN_FILE_MARK: &str = "# Written by `gpufence runtime configure";
+pub use crate::engine::OWN_FILE_MARK;
 
 /// Default directory of the records.
 pub const DEFAULT_RECORD_DIR: &str = "/var/lib/gpufence/configure";

@@ -17,10 +17,10 @@ use std::path::Path;
 use nix::sys::stat::SFlag;
 use tracing::{info, warn};
 
-use super::HookError;
 use crate::enter::mounts::{Attrs, Detached};
 use crate::enter::safepath::{Node, Root};
 use crate::enter::sys::{LinuxNs, NsSys};
+use crate::error::HookError;
 use crate::plan::Plan;
 
 /// A validated device node to create in the container.

@@ -10,9 +10,9 @@ use std::process::Command;
 
 use tracing::info;
 
-use super::HookError;
 use crate::allocation::input::Inputs;
 use crate::config::Config;
+use crate::error::HookError;
 use crate::inventory::Inventory;
 use crate::plan::Plan;
 use crate::plan::intake::{CdiSource, IntakeError, intake};

@@ -19,16 +19,62 @@ use std::time::Duration;
 
 use prost::Message;
 
+use crate::api;
 use crate::conn::{Conn, Serve};
-use crate::handler::Handler;
-use crate::service::{RUNTIME_SERVICE, Service};
-use crate::{NRI_VERSION, NriError, api};
+use crate::handler::{Handler, Runtime};
+use crate::service::{Check, RUNTIME_SERVICE, Service};
 
 /// How long the runtime gets to answer RegisterPlugin.
 pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// First and longest wait between connection attempts.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The NRI version gpufence implements, sent in RegisterPlugin.
+pub const NRI_VERSION: &str = "v0.12.0";
+/// NRI's default socket for external plugins.
+pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
+/// The environment a runtime gives a pre-registered plugin it starts from `/opt/nri/plugins`.
+pub const ENV_SOCKET: &str = "NRI_PLUGIN_SOCKET";
+pub const ENV_NAME: &str = "NRI_PLUGIN_NAME";
+pub const ENV_INDEX: &str = "NRI_PLUGIN_IDX";
+
+/// Why the plugin stopped or could not start. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum NriError {
+    #[error("plugin name {0:?}: must be non-empty and only [a-zA-Z0-9_.+-] (NRI's rule)")]
+    Name(String),
+    #[error("plugin index {0:?}: must be two digits (NRI's rule)")]
+    Index(String),
+    #[error("{ENV_SOCKET}={0:?}: {1}")]
+    InheritedFd(String, String),
+    #[error("NRI connection handed over by the runtime was lost: {0}")]
+    InheritedLost(String),
+    #[error("NRI socket {0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+/// NRI's plugin name rule (`api.CheckPluginName`).
+pub fn check_name(name: &str) -> Result<(), NriError> {
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(NriError::Name(name.to_string()))
+    }
+}
+
+/// NRI's plugin index rule (`api.CheckPluginIndex`): two ASCII digits.
+pub fn check_index(index: &str) -> Result<(), NriError> {
+    if index.len() == 2 && index.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(())
+    } else {
+        Err(NriError::Index(index.to_string()))
+    }
+}
 
 /// Where the runtime is.
 #[derive(Debug)]
@@ -37,6 +83,36 @@ pub enum Transport {
     Socket(PathBuf),
     /// The connection the runtime handed over (`NRI_PLUGIN_SOCKET`).
     Inherited(OwnedFd),
+}
+
+/// How long the runtime gets to answer an UpdateContainers call.
+pub const UPDATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The runtime's service over one connection.
+struct ConnRuntime(Arc<Conn>);
+
+impl Runtime for ConnRuntime {
+    fn update_containers(
+        &self,
+        update: Vec<api::ContainerUpdate>,
+    ) -> Result<Vec<api::ContainerUpdate>, String> {
+        let req = api::UpdateContainersRequest {
+            update,
+            evict: Vec::new(),
+        };
+        let out = self
+            .0
+            .call(
+                RUNTIME_SERVICE,
+                "UpdateContainers",
+                req.encode_to_vec(),
+                UPDATE_TIMEOUT,
+            )
+            .map_err(|e| e.to_string())?;
+        api::UpdateContainersResponse::decode(out.as_slice())
+            .map(|r| r.failed)
+            .map_err(|e| format!("malformed UpdateContainers answer: {e}"))
+    }
 }
 
 /// Who the plugin is and where it connects.
@@ -92,8 +168,8 @@ struct Ended {
 impl Plugin {
     /// A plugin for `handler`; the name and index must be valid for NRI.
     pub fn new(cfg: PluginConfig, handler: Arc<dyn Handler>) -> Result<Plugin, NriError> {
-        crate::check_name(&cfg.name)?;
-        crate::check_index(&cfg.index)?;
+        check_name(&cfg.name)?;
+        check_index(&cfg.index)?;
         let (socket, inherited) = match cfg.transport {
             Transport::Socket(p) => (Some(p), None),
             Transport::Inherited(fd) => (None, Some(fd)),
@@ -194,6 +270,7 @@ impl Plugin {
                 };
             }
         };
+        let fencer = self.start_fencer(&conn);
         let registered = self.register(&conn);
         if !registered {
             conn.shutdown();
@@ -202,10 +279,46 @@ impl Plugin {
             Ok(e) => e.to_string(),
             Err(_) => "reader thread panicked".to_string(),
         };
+        // Ends the fencer's queue; its calls fail fast on the closed connection.
+        self.service.set_fence_queue(None);
+        if let Some(f) = fencer {
+            let _ = f.join();
+        }
         if let Ok(mut cur) = self.control.current.lock() {
             *cur = None;
         }
         Ended { registered, why }
+    }
+
+    /// The connection's after-the-fact worker: the containers the service queues (Synchronize,
+    /// PostStartContainer) checked by the handler off the request path, with this connection
+    /// to call the runtime back. `None` (and no checks) when no thread can be started.
+    fn start_fencer(&self, conn: &Arc<Conn>) -> Option<std::thread::JoinHandle<()>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Check>();
+        let handler = Arc::clone(self.service.handler());
+        let rt = ConnRuntime(Arc::clone(conn));
+        let spawned = std::thread::Builder::new()
+            .name("nri-fence".into())
+            .spawn(move || {
+                for (pod, ctr) in rx {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        handler.after_the_fact(&rt, &pod, &ctr)
+                    }));
+                    if r.is_err() {
+                        tracing::error!(container = %ctr.id, "NRI: after-the-fact check panicked");
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => {
+                self.service.set_fence_queue(Some(tx));
+                Some(t)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "NRI: cannot start the after-the-fact worker; containers created while the plugin was away are not checked");
+                None
+            }
+        }
     }
 
     fn register(&self, conn: &Conn) -> bool {
@@ -228,6 +341,27 @@ impl Plugin {
                 tracing::warn!(name = %self.name, index = %self.index, error = %e, "NRI: registration failed");
                 false
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_indexes_follow_nri() {
+        for ok in ["gpufence", "a.b+c_d-e", "X9"] {
+            check_name(ok).unwrap();
+        }
+        for bad in ["", "gpu fence", "gpu/fence", "é", "a\n"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for ok in ["00", "10", "99"] {
+            check_index(ok).unwrap();
+        }
+        for bad in ["", "1", "100", "a1", "١٢"] {
+            assert!(check_index(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -13,6 +13,14 @@ use crate::conn::Status;
 use crate::handler::{Gone, Handler};
 use crate::ttrpc::code;
 
+/// NRI's container states a plugin may still have to act on: created (started later, its pid
+/// then known) and running.
+pub fn is_live(ctr: &api::Container) -> bool {
+    use api::ContainerState;
+    ctr.state == ContainerState::ContainerCreated as i32
+        || ctr.state == ContainerState::ContainerRunning as i32
+}
+
 /// The ttrpc service name of NRI's Plugin service.
 pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 /// The ttrpc service name of NRI's Runtime service.
@@ -52,7 +60,13 @@ pub struct Service {
     request_timeout_ms: AtomicU64,
     /// Synchronize parts received so far (the runtime splits large states, `more` = true).
     sync: Mutex<(Vec<api::PodSandbox>, Vec<api::Container>)>,
+    /// The current connection's after-the-fact queue ([`Handler::after_the_fact`], served by
+    /// the plugin off the request path).
+    fence: Mutex<Option<mpsc::Sender<Check>>>,
 }
+
+/// A container to check after the fact, with its pod.
+pub type Check = (api::PodSandbox, api::Container);
 
 fn decode<M: Message + Default>(method: &str, payload: &[u8]) -> Result<M, Status> {
     M::decode(payload).map_err(|e| {
@@ -70,6 +84,32 @@ impl Service {
             handler,
             request_timeout_ms: AtomicU64::new(DEFAULT_REQUEST_TIMEOUT_MS),
             sync: Mutex::new((Vec::new(), Vec::new())),
+            fence: Mutex::new(None),
+        }
+    }
+
+    pub fn handler(&self) -> &Arc<dyn Handler> {
+        &self.handler
+    }
+
+    /// Where this connection's after-the-fact checks go (`None`: the connection ended).
+    pub fn set_fence_queue(&self, queue: Option<mpsc::Sender<Check>>) {
+        match self.fence.lock() {
+            Ok(mut q) => *q = queue,
+            Err(p) => *p.into_inner() = queue,
+        }
+    }
+
+    /// Queue containers for the after-the-fact check (nothing when no connection serves it).
+    fn check_after(&self, checks: impl IntoIterator<Item = Check>) {
+        let q = match self.fence.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(q) = q.as_ref() {
+            for c in checks {
+                let _ = q.send(c);
+            }
         }
     }
 
@@ -110,10 +150,7 @@ impl Service {
             }
             "PostStartContainer" => {
                 let req: api::PostStartContainerRequest = decode(method, payload)?;
-                if let Some(c) = &req.container {
-                    self.handler
-                        .container_started(&req.pod.unwrap_or_default(), c);
-                }
+                self.started(req.pod, req.container);
                 Ok(api::PostStartContainerResponse::default().encode_to_vec())
             }
             "StopContainer" => {
@@ -131,11 +168,8 @@ impl Service {
                 let req: api::StateChangeEvent = decode(method, payload)?;
                 if req.event == api::Event::RemoveContainer as i32 {
                     self.gone(req.container.as_ref(), Gone::Removed);
-                } else if req.event == api::Event::PostStartContainer as i32
-                    && let Some(c) = &req.container
-                {
-                    self.handler
-                        .container_started(&req.pod.unwrap_or_default(), c);
+                } else if req.event == api::Event::PostStartContainer as i32 {
+                    self.started(req.pod, req.container);
                 }
                 Ok(api::Empty {}.encode_to_vec())
             }
@@ -161,6 +195,16 @@ impl Service {
                 "NRI: synchronized"
             );
             self.handler.synchronize(&pods, &containers);
+            // Every live container, checked after this answer (NRI holds its lock until then).
+            let checks: Vec<Check> = containers
+                .into_iter()
+                .filter(is_live)
+                .map(|c| {
+                    let pod = pods.iter().find(|p| p.id == c.pod_sandbox_id);
+                    (pod.cloned().unwrap_or_default(), c)
+                })
+                .collect();
+            self.check_after(checks);
         }
         // A split part must be answered with the same `more` and no updates.
         api::SynchronizeResponse {
@@ -230,6 +274,17 @@ impl Service {
                 Err(why)
             }
         }
+    }
+
+    /// PostStartContainer: the status record learns the pid, and the container is checked
+    /// after the fact (one created while the plugin was away is first seen here with a pid).
+    fn started(&self, pod: Option<api::PodSandbox>, ctr: Option<api::Container>) {
+        let Some(c) = ctr else {
+            return;
+        };
+        let pod = pod.unwrap_or_default();
+        self.handler.container_started(&pod, &c);
+        self.check_after([(pod, c)]);
     }
 
     fn gone(&self, ctr: Option<&api::Container>, why: Gone) {
@@ -373,7 +428,14 @@ mod tests {
             why.contains("container c1: gpufence nri: no decision within 150ms"),
             "{why}"
         );
-        // A handler panic is a refusal too.
+        // A handler panic is a refusal too (under NRI's default timeout again: with
+        // RUST_BACKTRACE set, the panic's backtrace alone can take longer than 150 ms).
+        let cfg = api::ConfigureRequest {
+            request_timeout: 2000,
+            ..Default::default()
+        };
+        s.call(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec())
+            .unwrap();
         let (code, why) = s
             .call(PLUGIN_SERVICE, "CreateContainer", &create("panic"))
             .unwrap_err();

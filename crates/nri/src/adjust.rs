@@ -168,7 +168,7 @@ fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
 /// fence is the device nodes and cgroup rules, not this variable). A CUDA image's `all` followed
 /// by the `void` a DRA driver's or device plugin's CDI spec sets is such a case.
 fn repeated_is_settled(key: &str, plan: &str, last: &str) -> bool {
-    use crate::allocation::dialects::{NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
+    use crate::allocation::container_dialects::{NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
     last == plan || (key == NVIDIA_VISIBLE_DEVICES && nvd_requests_nothing(last))
 }
 

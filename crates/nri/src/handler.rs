@@ -3,9 +3,11 @@
 //! `gpufence nri` runs.
 
 use super::api::{Container, ContainerAdjustment, PodSandbox};
+use std::collections::BTreeSet;
+
 use crate::config::Config;
 use crate::exit::Reason;
-pub use gpufence_nri_stub::{Gone, Handler};
+pub use gpufence_nri_stub::{Gone, Handler, Runtime};
 
 /// The handler `gpufence nri` runs, from gpufence's configuration. The inventory cache is
 /// warmed here (NVML is initialised, if at all, at start — not on a container's create path).
@@ -21,8 +23,13 @@ pub fn from_config(cfg: Config) -> PlanHandler {
     PlanHandler {
         cfg,
         load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+        majors: std::sync::RwLock::new(None),
     }
 }
+
+/// In a container's state directory: gpufence nri decided for it (its record was written by the
+/// plugin, not by the runtime handler or the hook).
+pub const NRI_MARKER: &str = "nri-decided";
 
 /// How the handler reads the node's inventory.
 pub type InventoryLoader = fn(&Config) -> Result<crate::inventory::Inventory, String>;
@@ -34,6 +41,8 @@ pub struct PlanHandler {
     cfg: Config,
     /// The cache under `state-dir`, as the runtime reads it (warmed at start).
     load_inventory: InventoryLoader,
+    /// The GPU-class majors the after-the-fact fence looks for (read again at each Synchronize).
+    majors: std::sync::RwLock<Option<Vec<u32>>>,
 }
 
 /// A refusal: how it is counted, and the one line the runtime reports.
@@ -84,8 +93,134 @@ impl PlanHandler {
                 &intake.request.annotations,
                 crate::state::meta::Locator::default(),
             );
+            // The record alone does not say the runtime applied this answer: NRI drops a plugin
+            // that answers late and creates the container without it (the after-the-fact check
+            // then looks for the container's own state among its mounts).
+            let marker = self.cfg.container_state_dir(id).join(NRI_MARKER);
+            let opts = crate::fsutil::Options {
+                mode: 0o600,
+                owner: None,
+                sync: false,
+            };
+            crate::fsutil::write_atomic(&marker, b"", opts).map_err(|e| {
+                (
+                    Reason::Host,
+                    format!("container {id}: {}: {e}", marker.display()),
+                )
+            })?;
         }
         Ok(adjustment)
+    }
+}
+
+impl PlanHandler {
+    /// The GPU-class majors: 195 and every `nvidia*` of `/proc/devices`, with the inventory's
+    /// nodes' (cached; `refresh` reads them again).
+    fn gpu_majors(&self, refresh: bool) -> Vec<u32> {
+        if !refresh && let Some(m) = self.majors.read().ok().and_then(|m| m.clone()) {
+            return m;
+        }
+        let proc_devices = std::fs::read_to_string("/proc/devices").unwrap_or_default();
+        let inventory = (self.load_inventory)(&self.cfg)
+            .map(|i| i.device_majors())
+            .unwrap_or_default();
+        let m = crate::cgroup::gated_majors(&proc_devices, inventory);
+        if let Ok(mut w) = self.majors.write() {
+            *w = Some(m.clone());
+        }
+        m
+    }
+
+    /// The (major, minor) of every node container `id`'s gpufence record accounts for: its
+    /// devices' nodes (a MIG device's parent and capabilities) and the control nodes; or why
+    /// there is no record.
+    fn granted_nodes(&self, id: &str) -> Result<BTreeSet<(u32, u32)>, String> {
+        if !crate::hostfiles::has_container_state(&self.cfg, id) {
+            return Err("no gpufence state for it".into());
+        }
+        let path = self
+            .cfg
+            .container_state_dir(id)
+            .join(crate::state::meta::FILE_NAME);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            format!(
+                "gpufence state without its record ({}: {e})",
+                path.display()
+            )
+        })?;
+        let meta = crate::state::meta::Meta::parse(&bytes)
+            .map_err(|e| format!("gpufence record {}: {e}", path.display()))?;
+        let inv = (self.load_inventory)(&self.cfg)
+            .map_err(|e| format!("its record cannot be checked, inventory unavailable: {e}"))?;
+        let mut set: BTreeSet<(u32, u32)> = inv
+            .control_nodes
+            .iter()
+            .map(|n| (n.major, n.minor))
+            .collect();
+        for d in &meta.devices {
+            let (gpu, mig) = match d.index.split_once(':') {
+                Some((g, m)) => (g, Some(m)),
+                None => (d.index.as_str(), None),
+            };
+            let Some(g) = gpu.parse().ok().and_then(|i| inv.gpu_by_index(i)) else {
+                continue;
+            };
+            set.insert((g.node.major, g.node.minor));
+            for m in g
+                .mig_devices
+                .iter()
+                .filter(|m| Some(m.index.to_string().as_str()) == mig)
+            {
+                set.extend(m.caps.iter().map(|c| (c.major, c.minor)));
+            }
+        }
+        Ok(set)
+    }
+
+    /// For a container gpufence nri decided for: whether the runtime applied the answer (the
+    /// container mounts its own state directory's files, as the adjustment says). Containers
+    /// the runtime handler or the hook fenced have no marker: their appliers refuse rather than
+    /// leave them unfenced.
+    fn delivered(&self, ctr: &Container) -> Result<(), String> {
+        let dir = self.cfg.container_state_dir(&ctr.id);
+        if std::fs::symlink_metadata(dir.join(NRI_MARKER)).is_err()
+            || ctr
+                .mounts
+                .iter()
+                .any(|m| std::path::Path::new(&m.source).starts_with(&dir))
+        {
+            return Ok(());
+        }
+        Err(
+            "gpufence decided for it, but the runtime created it without that adjustment \
+             (NRI dropped the plugin)"
+                .into(),
+        )
+    }
+
+    /// Fence an unfenced running container: NRI's device-cgroup update, read back; where it is
+    /// not in force, its processes stopped. How it went, one phrase.
+    fn fence(&self, rt: &dyn Runtime, ctr: &Container, majors: &[u32]) -> Result<String, String> {
+        use super::fence;
+        let update = rt.update_containers(vec![fence::deny_update(&ctr.id, majors)]);
+        let still = fence::v1_allows_live(ctr.pid, majors);
+        let not_applied = match (&update, &still) {
+            (Ok(failed), Ok(None)) if failed.is_empty() => {
+                return Ok("fenced: the runtime applied the device-cgroup update".into());
+            }
+            (Err(e), _) => format!("device-cgroup update failed: {e}"),
+            (Ok(failed), _) if !failed.is_empty() => {
+                "the runtime could not apply the device-cgroup update".to_string()
+            }
+            (_, Ok(Some(line))) => {
+                format!("device-cgroup update not applied (devices.list still has {line:?})")
+            }
+            (_, Err(e)) => format!("device-cgroup update not verifiable: {e}"),
+            (_, Ok(None)) => unreachable!("handled above"),
+        };
+        let n = fence::kill_container(ctr.pid, &ctr.id)
+            .map_err(|e| format!("{not_applied}; not stopped: {e}"))?;
+        Ok(format!("stopped ({n} process(es) killed); {not_applied}"))
     }
 }
 
@@ -150,6 +285,48 @@ impl Handler for PlanHandler {
         }
     }
 
+    fn synchronize(&self, _pods: &[PodSandbox], _containers: &[Container]) {
+        // A reloaded driver may have new dynamic majors.
+        self.gpu_majors(true);
+    }
+
+    fn after_the_fact(&self, rt: &dyn Runtime, pod: &PodSandbox, ctr: &Container) {
+        if !super::service::is_live(ctr) {
+            return;
+        }
+        let majors = self.gpu_majors(false);
+        let reach = super::fence::gpu_reach(ctr, &majors);
+        if reach.is_empty() {
+            return;
+        }
+        let granted = self
+            .granted_nodes(&ctr.id)
+            .and_then(|g| self.delivered(ctr).map(|()| g));
+        let Some(why) = super::fence::unfenced(&reach, granted.as_ref().map_err(String::as_str))
+        else {
+            return;
+        };
+        if ctr.pid <= 1 {
+            tracing::warn!(container = %ctr.id, pod = %pod.name, namespace = %pod.namespace, why = %why,
+                "NRI: unfenced GPU container not started yet; fenced when it starts");
+            return;
+        }
+        let t = std::time::Instant::now();
+        let outcome = self.fence(rt, ctr, &majors);
+        crate::state::refusals::count(&self.cfg.state_dir, Reason::Unfenced);
+        let fence_us = t.elapsed().as_micros() as u64;
+        match outcome {
+            Ok(how) => {
+                tracing::warn!(container = %ctr.id, pod = %pod.name, namespace = %pod.namespace,
+                pid = ctr.pid, why = %why, fence_us, "NRI: unfenced GPU container {how}")
+            }
+            Err(e) => {
+                tracing::error!(container = %ctr.id, pod = %pod.name, namespace = %pod.namespace,
+                pid = ctr.pid, why = %why, fence_us, error = %e, "NRI: unfenced GPU container not fenced")
+            }
+        }
+    }
+
     fn container_gone(&self, id: &str, why: Gone) {
         // As `gpufence-runtime delete` does once the runtime let go of the container: its
         // processes are gone at StopContainer (the runtime handler cleans at the task's
@@ -210,6 +387,7 @@ mod tests {
         PlanHandler {
             cfg: cfg(dir),
             load_inventory,
+            majors: std::sync::RwLock::new(None),
         }
     }
 
@@ -366,6 +544,144 @@ mod tests {
             assert!(err.contains("kubelet"), "{marker:?}: {err}");
             assert!(!dir.path().join("state/c1").exists());
         }
+    }
+
+    /// Records the updates asked of the runtime; applies none.
+    #[derive(Default)]
+    struct Rt(std::sync::Mutex<Vec<crate::api::ContainerUpdate>>);
+
+    impl Runtime for Rt {
+        fn update_containers(
+            &self,
+            update: Vec<crate::api::ContainerUpdate>,
+        ) -> Result<Vec<crate::api::ContainerUpdate>, String> {
+            self.0.lock().unwrap().extend(update);
+            Ok(Vec::new())
+        }
+    }
+
+    /// A running container holding the test inventory's GPU 0 node (195:0).
+    fn holding_gpu0(id: &str, pid: u32) -> Container {
+        use crate::api::{ContainerState, LinuxContainer, LinuxDevice};
+        Container {
+            id: id.into(),
+            name: "app".into(),
+            pid,
+            state: ContainerState::ContainerRunning as i32,
+            linux: Some(LinuxContainer {
+                devices: vec![LinuxDevice {
+                    path: "/dev/nvidia0".into(),
+                    r#type: "c".into(),
+                    major: 195,
+                    minor: 0,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn unfenced_count(dir: &std::path::Path) -> u64 {
+        crate::state::refusals::read(&dir.join("state"))
+            .into_iter()
+            .find(|(r, _)| r.as_str() == "unfenced")
+            .map_or(0, |(_, n)| n)
+    }
+
+    #[test]
+    fn after_the_fact_a_gpu_container_without_its_fence_is_found_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        let rt = Rt::default();
+        let p = pod(&[]);
+        // Not started yet (no pid): left for PostStartContainer, not counted.
+        h.after_the_fact(&rt, &p, &holding_gpu0("c1", 0));
+        assert_eq!(
+            (rt.0.lock().unwrap().len(), unfenced_count(dir.path())),
+            (0, 0)
+        );
+        // Running with no gpufence state: the deny update is asked for (the inventory's major
+        // among those denied), then the container is stopped — here its pid is not in a
+        // container cgroup, so nothing is signalled — and it is counted either way.
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut child = scopeguard(child);
+        h.after_the_fact(&rt, &p, &holding_gpu0("c1", child.0.id()));
+        let asked = rt.0.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].container_id, "c1");
+        let denied: Vec<i64> = asked[0]
+            .linux
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .devices
+            .iter()
+            .map(|d| d.major.as_ref().unwrap().value)
+            .collect();
+        assert!(denied.contains(&195), "{denied:?}");
+        assert_eq!(unfenced_count(dir.path()), 1);
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "a process outside the container was killed"
+        );
+        // A container without GPU, and one gpufence fenced through NRI: nothing to do.
+        let plain = Container {
+            linux: None,
+            ..holding_gpu0("c2", child.0.id())
+        };
+        h.after_the_fact(&rt, &p, &plain);
+        let gpu = pod(&[
+            ("gpufence.dev/devices", "0"),
+            ("gpufence.dev/memory", "1Gi"),
+        ]);
+        let c = ctr(&[], &["PATH=/bin"]);
+        let adj = h.create_container(&gpu, &c).unwrap();
+        let fenced = Container {
+            mounts: adj.mounts.clone(),
+            ..holding_gpu0("c1", child.0.id())
+        };
+        h.after_the_fact(&rt, &gpu, &fenced);
+        assert_eq!(
+            (rt.0.lock().unwrap().len(), unfenced_count(dir.path())),
+            (1, 1)
+        );
+        // Decided, but created without the answer (NRI dropped the plugin): unfenced.
+        h.after_the_fact(&rt, &gpu, &holding_gpu0("c1", child.0.id()));
+        assert_eq!(unfenced_count(dir.path()), 2);
+        // The record does not grant what it reaches (another GPU's node): unfenced.
+        let granted = h.granted_nodes("c1").unwrap();
+        assert!(
+            granted.contains(&(195, 0)) && granted.contains(&(195, 255)),
+            "{granted:?}"
+        );
+        let mut beyond = fenced;
+        beyond.linux.as_mut().unwrap().devices[0].minor = 1;
+        h.after_the_fact(&rt, &gpu, &beyond);
+        assert_eq!(unfenced_count(dir.path()), 3);
+        assert!(
+            h.granted_nodes("c9")
+                .unwrap_err()
+                .contains("no gpufence state")
+        );
+        assert!(child.0.try_wait().unwrap().is_none());
+    }
+
+    /// Kills the child when dropped.
+    struct Guard(std::process::Child);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    fn scopeguard(c: std::process::Child) -> Guard {
+        Guard(c)
     }
 
     #[test]

@@ -6,18 +6,21 @@
 //! * [`request`] — what of the NRI request reaches the plan (allow-listed pod annotations, the
 //!   container's identity);
 //! * [`adjust`] — the plan rendered as the adjustment;
-//! * [`handler`] — the handler the CLI builds from gpufence's configuration.
+//! * [`handler`] — the handler the CLI builds from gpufence's configuration;
+//! * [`fence`] — the after-the-fact fence: containers that reach a GPU without gpufence's
+//!   fence (created while NRI had dropped the plugin), found at Synchronize and PostStart.
 
 pub mod adjust;
+pub mod fence;
 pub mod handler;
 pub mod request;
 
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
-use gpufence_core::{allocation, cdi, config, exit, inventory, kubelet, plan, text};
-use gpufence_node::{hostfiles, state};
+use gpufence_core::{allocation, cdi, config, exit, fsutil, inventory, kubelet, plan, text};
+use gpufence_node::{cgroup, hostfiles, state};
 
 pub use gpufence_nri_stub::{
     DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, Gone, Handler, NRI_VERSION, NriError, Plugin,
-    PluginConfig, Stopper, Transport, api, check_index, check_name, conn, mux, plugin, service,
-    ttrpc,
+    PluginConfig, Runtime, Stopper, Transport, api, check_index, check_name, conn, mux, plugin,
+    service, ttrpc,
 };

@@ -214,7 +214,10 @@ fn replica_families(
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         self.containers(&mut enc)?;
-        let refusals: Vec<(Labels, ConstCounter<u64>)> = refusals::read(&self.state_dir)
+        let (unfenced, refused): (Vec<_>, Vec<_>) = refusals::read(&self.state_dir)
+            .into_iter()
+            .partition(|(r, _)| *r == refusals::Reason::Unfenced);
+        let refusals: Vec<(Labels, ConstCounter<u64>)> = refused
             .into_iter()
             .map(|(r, n)| {
                 (
@@ -230,6 +233,19 @@ impl Collector for StateCollector {
             None,
             prometheus_client::metrics::MetricType::Counter,
             &refusals,
+        )?;
+        let unfenced: Vec<(Labels, ConstCounter<u64>)> = unfenced
+            .into_iter()
+            .map(|(_, n)| (vec![("applier", "nri".to_string())], ConstCounter::new(n)))
+            .collect();
+        family(
+            &mut enc,
+            "gpufence_unfenced_containers",
+            "Running containers found holding a GPU without gpufence's fence (NRI, after the \
+             fact: created while the runtime had dropped the plugin), fenced or stopped.",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+            &unfenced,
         )
     }
 }
@@ -302,6 +318,7 @@ mod tests {
             "# TYPE gpufence_container_gpu_replicas_registered gauge",
             "# HELP gpufence_create_refusals Container creations refused",
             "gpufence_create_refusals_total{reason=\"allocation\"} 0",
+            "gpufence_unfenced_containers_total{applier=\"nri\"} 0",
         ] {
             assert!(body.contains(name), "{name}\n{body}");
         }

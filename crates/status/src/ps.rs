@@ -30,8 +30,12 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     let cfg = crate::config::Config::load(config)?;
     loop {
         let list = snapshot(&cfg.state_dir).map_err(Exit::env)?;
+        let unfenced = super::refusals::read(&cfg.state_dir)
+            .into_iter()
+            .find(|(r, _)| *r == super::refusals::Reason::Unfenced)
+            .map_or(0, |(_, n)| n);
         let text = if args.json {
-            let doc = serde_json::json!({ "containers": list });
+            let doc = serde_json::json!({ "containers": list, "unfenced": unfenced });
             let mut s = if args.watch {
                 doc.to_string()
             } else {
@@ -40,7 +44,14 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
             s.push('\n');
             s
         } else {
-            table(&list)
+            let mut t = table(&list);
+            if unfenced > 0 {
+                t.push_str(&format!(
+                    "{unfenced} GPU container(s) found unfenced and fenced or stopped after the \
+                     fact (gpufence nri; its log says which)\n"
+                ));
+            }
+            t
         };
         if args.watch && !args.json {
             // home + clear, then the table

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::MAX_DEVICES;
+use super::layout::MAX_DEVICES;
 
 /// `"obs\0"` + version 1. A different value (an older or newer shim, or garbage) means the
 /// reader ignores the block.

@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpufence_mock_node::timeline::{self, Me, Timeline};
 
-use crate::{
+use crate::driver::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUresult, current_device, guard, put, state,
 };
@@ -787,7 +787,7 @@ pub extern "C" fn cuGraphLaunch_ptsz(g: usize, s: usize) -> CUresult {
 
 /// This module's exports for `cuGetProcAddress`.
 pub fn exports() -> Vec<(&'static str, usize)> {
-    crate::table!(
+    crate::driver::table!(
         cuModuleLoadData,
         cuModuleLoadDataEx,
         cuModuleLoad,

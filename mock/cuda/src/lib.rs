@@ -22,31 +22,13 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-pub type CUresult = c_int;
-pub type CUdevice = c_int;
-pub type CUdeviceptr = u64;
-
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
-
-/// One CUDA device as this process sees it.
-#[derive(Debug)]
-struct Device {
-    name: String,
-    uuid: [u8; 16],
-    total: u64,
-    used: AtomicU64,
-    /// Lane of the node-wide device timeline (GPU minor, MIG instance).
-    lane: usize,
-}
+use driver::{CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table};
+pub use driver::{
+    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+    CUdevice, CUdeviceptr, CUresult,
+};
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -56,49 +38,13 @@ enum Kind {
     Pool,
 }
 
-struct State {
-    driver_version: c_int,
-    devices: Vec<Device>,
-    /// (kind, handle) → (device, bytes)
-    allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
-    next_ptr: AtomicU64,
-    next_handle: AtomicU64,
-    /// Driver memory limits and MPS client limits (limits.rs).
-    limits: limits::Limits,
-}
-
-static STATE: OnceLock<Result<State, String>> = OnceLock::new();
-
+mod driver;
 mod limits;
-macro_rules! table {
-    ($($f:ident),* $(,)?) => {
-        vec![$((stringify!($f), $f as *const std::ffi::c_void as usize)),*]
-    };
-}
-pub(crate) use table;
 
 pub mod exec;
 
-thread_local! {
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Context handles are `CTX_BASE + device` (never 0).
-const CTX_BASE: usize = 0x0c7c_0000;
 /// Default memory pools are `POOL_BASE + device`.
 const POOL_BASE: u64 = 0x9001_0000;
-
-fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(CUDA_ERROR_UNKNOWN)
-}
-
-fn state() -> Result<&'static State, CUresult> {
-    match STATE.get() {
-        Some(Ok(s)) => Ok(s),
-        Some(Err(_)) => Err(CUDA_ERROR_NO_DEVICE),
-        None => Err(CUDA_ERROR_NOT_INITIALIZED),
-    }
-}
 
 /// 16 UUID bytes from `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or `MIG-…`); names that are
 /// not hex get a stable FNV-derived value.
@@ -199,14 +145,6 @@ fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
         .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
-fn current_device(s: &State) -> Result<usize, CUresult> {
-    let c = CURRENT.with(Cell::get);
-    if c < CTX_BASE || c - CTX_BASE >= s.devices.len() {
-        return Err(CUDA_ERROR_INVALID_CONTEXT);
-    }
-    Ok(c - CTX_BASE)
-}
-
 fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
     let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
     d.used
@@ -260,15 +198,6 @@ fn alloc_linear(dev: usize, bytes: u64, kind: Kind) -> Result<u64, CUresult> {
     let p = s.next_ptr.fetch_add(rounded.max(512), Ordering::Relaxed);
     record(s, kind, p, dev, bytes);
     Ok(p)
-}
-
-unsafe fn put<T>(out: *mut T, v: T) -> CUresult {
-    if out.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    // SAFETY: the caller passed a valid out-pointer (checked non-null).
-    unsafe { out.write(v) };
-    CUDA_SUCCESS
 }
 
 macro_rules! tri {

@@ -11,7 +11,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_t, nvmlUtilization_t,
 };
 
-use crate::{
+use crate::state::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, NVML_SUCCESS,
     with_device,
 };

@@ -2,8 +2,8 @@
 //! (devices, per-device memory and cores, oversubscription) must be the same in every dialect
 //! that expresses it, and an error names both sources.
 
+use super::container_dialects::{Facet, Part};
 use super::devices::{Resolved, describe};
-use super::dialects::{Facet, Part};
 use super::{AllocationError, DeviceRef, short};
 use crate::config::Dialect;
 

@@ -14,70 +14,18 @@
 //! [`Recorded::from_record`] turns kubelet's record into devices of this node; [`check`] gives
 //! every granted device its [`Backing`] or refuses. Both pure.
 
-use serde::{Deserialize, Serialize};
-
+use super::container_dialects::{
+    NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing,
+};
+use super::device_nodes::{NodeKey, devices_of, node_at};
 use super::devices::{Resolved, all_devices, describe, resolve_token, split_list};
-use super::dialects::{NVIDIA_DEVICES_MOUNT_DIR, NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing};
 use super::dra_share::Share;
-use super::spec_devices::{NodeKey, devices_of, node_at};
+pub use super::types::Backing;
 use super::{AllocationError, DeviceRef, ForeignCdiDevice};
 use crate::cdi::LoadedSpec;
 use crate::config::TrustAnnotations;
 use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, DraClaimRecord, KubeletSource, ResourceGrant};
-
-/// What backs one granted device (`gpufence plan` shows it for every device).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Backing {
-    /// kubelet's device-manager checkpoint: the device plugin of `resource` allocated it to this
-    /// container (`ids`: the plugin's device ids that name it, else all of the resource's).
-    DevicePlugin { resource: String, ids: Vec<String> },
-    /// kubelet's DRA state: a claim prepared for this pod (`namespace/name`); `device`: the
-    /// device node it arrived as, `share`: the share of a shared device (KEP-5075) its driver
-    /// wrote ([`super::dra_share`]).
-    DraClaim {
-        claim: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        device: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        share: Option<String>,
-    },
-    /// `allocation.trust-annotations = "admission"`: the operator's admission policy reserves
-    /// the annotation keys to the scheduler.
-    Admission,
-    /// Believed as written: `trust-annotations = true`, or not a CRI container.
-    #[default]
-    Trusted,
-}
-
-impl std::fmt::Display for Backing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Backing::DevicePlugin { resource, ids } => {
-                write!(f, "kubelet device plugin {resource} [{}]", ids.join(", "))
-            }
-            Backing::DraClaim {
-                claim,
-                device,
-                share,
-            } => {
-                write!(f, "kubelet DRA claim {claim}")?;
-                let detail: Vec<String> = device
-                    .iter()
-                    .map(|d| format!("device {d}"))
-                    .chain(share.iter().map(|s| format!("share {s}")))
-                    .collect();
-                if !detail.is_empty() {
-                    write!(f, " ({})", detail.join(", "))?;
-                }
-                Ok(())
-            }
-            Backing::Admission => f.write_str("admission policy"),
-            Backing::Trusted => f.write_str("trusted"),
-        }
-    }
-}
 
 /// CDI kinds whose device names are gpufence device tokens (`0`, `GPU-…`, `0:1`, `all`).
 const GPU_CDI_KINDS: [&str; 2] = [crate::cdi::KIND, "nvidia.com/gpu"];

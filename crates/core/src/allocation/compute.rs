@@ -2,8 +2,8 @@
 //! dialect expressed it: a MIG device refuses a share (MIG already isolates compute), and a
 //! policy needs a share to apply to.
 
+use super::container_dialects::ANN_CORES_POLICY;
 use super::devices::{Resolved, describe};
-use super::dialects::ANN_CORES_POLICY;
 use super::input::Inputs;
 use super::{AllocationError, DeviceRef};
 

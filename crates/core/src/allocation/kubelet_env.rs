@@ -8,56 +8,27 @@
 //! is overridden with the recorded one. Without kubelet the env is not believed (as with `false`);
 //! with an unreadable record, a container whose only GPU signal is env is refused ([`refusal`]).
 
-use serde::{Deserialize, Serialize};
-
-use super::dialects::{self, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES};
+use super::container_dialects::{self, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES};
 use super::input::Inputs;
+pub use super::types::{KubeletReport, Neutralised};
 use super::{AllocationError, Intake, short};
 use crate::config::{Config, TrustEnv};
-use crate::kubelet::{ContainerRecord, KubeletSource};
+use crate::kubelet::KubeletSource;
 
 /// Env keys that carry a GPU allocation in some dialect.
 pub fn is_gpu_env_key(k: &str) -> bool {
     k == NVIDIA_VISIBLE_DEVICES
         || k == NVIDIA_DRIVER_CAPABILITIES
-        || dialects::is_hami_key(k)
-        || k.starts_with(dialects::ALIYUN_PREFIX)
+        || container_dialects::is_hami_key(k)
+        || k.starts_with(container_dialects::ALIYUN_PREFIX)
 }
 
 /// Env entries that ask for a GPU (as opposed to `NVIDIA_VISIBLE_DEVICES=void` or capabilities).
 fn asks_for_gpu(k: &str, v: &str) -> bool {
     if k == NVIDIA_VISIBLE_DEVICES {
-        return !dialects::nvd_requests_nothing(v);
+        return !container_dialects::nvd_requests_nothing(v);
     }
     k != NVIDIA_DRIVER_CAPABILITIES && is_gpu_env_key(k)
-}
-
-/// What kubelet said about this container, for `gpufence plan` and the log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KubeletReport {
-    /// `record` (read and verified), `unavailable` (expected, but unreadable or not believable),
-    /// `absent` (not consulted: trust-env is not "kubelet", or no kubelet for this container).
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub why: Option<String>,
-    /// The record for this container (pod UID, container name, per resource: device ids, env…).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub record: Option<ContainerRecord>,
-}
-
-/// A GPU env value that was not acted on as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Neutralised {
-    pub key: String,
-    pub value: String,
-    /// What the container sees instead (`None`: left in place, not acted on).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replacement: Option<String>,
-    pub why: String,
 }
 
 /// The inputs and configuration the dialect readers see.
@@ -179,8 +150,9 @@ pub fn view(
 pub fn neutralise_unrecorded(v: &View, replaced_by_plan: bool, intake: &mut Intake) {
     // Every occurrence of a duplicated key counts (the toolkit's env map keeps the last): the
     // one reported is the first that asks for devices, else the first.
-    let asks =
-        |k: &str, val: &str| k != NVIDIA_VISIBLE_DEVICES || !dialects::nvd_requests_nothing(val);
+    let asks = |k: &str, val: &str| {
+        k != NVIDIA_VISIBLE_DEVICES || !container_dialects::nvd_requests_nothing(val)
+    };
     let mut done: Vec<&str> = Vec::new();
     for (k, val) in &v.unrecorded {
         if done.contains(&k.as_str()) {
@@ -197,7 +169,7 @@ pub fn neutralise_unrecorded(v: &View, replaced_by_plan: bool, intake: &mut Inta
         let replacement = if k == NVIDIA_VISIBLE_DEVICES {
             if replaced_by_plan {
                 Some("the allocated devices".to_string())
-            } else if !dialects::nvd_requests_nothing(val) {
+            } else if !container_dialects::nvd_requests_nothing(val) {
                 intake
                     .env_overrides
                     .push(format!("{NVIDIA_VISIBLE_DEVICES}=void"));

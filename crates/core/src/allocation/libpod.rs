@@ -29,9 +29,9 @@ pub fn is_allocation_key(key: &str) -> bool {
     key.starts_with("gpufence.dev/")
         || key.starts_with("cdi.k8s.io/")
         || key == "aliyun.com/gpu-count"
-        || key == super::scheduler::hami::ALLOCATED
-        || key.starts_with(super::dialects::ALIYUN_PREFIX)
-        || key.starts_with(super::scheduler::kai::PREFIX)
+        || key == super::pod_dialects::hami_pod::ALLOCATED
+        || key.starts_with(super::container_dialects::ALIYUN_PREFIX)
+        || key.starts_with(super::pod_dialects::kai_pod::PREFIX)
 }
 
 /// Remove the allocation annotations of a libpod-managed container unless `trusted`; returns

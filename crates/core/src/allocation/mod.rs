@@ -5,180 +5,37 @@
 //! CDI specs found on the host (loaded at the edge) and returns one [`Allocation`] or a
 //! one-line [`AllocationError`] naming the key, the value and why.
 
-use serde::{Deserialize, Serialize};
-
-use crate::cdi::ContainerEdits;
 use crate::config::Dialect;
 use crate::inventory::Capability;
-
-/// A GPU or MIG device of this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum DeviceRef {
-    /// A whole GPU, by NVML index.
-    Gpu { index: u32 },
-    /// A MIG device: parent GPU index and MIG device index.
-    Mig { gpu: u32, mig: u32 },
-}
-
-/// One allocated device with its limits, in the container's device order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AllocatedDevice {
-    pub device: DeviceRef,
-    /// `GPU-…` or `MIG-…` (from the inventory).
-    pub uuid: String,
-    /// Bytes; `None` = the whole device.
-    pub memory_limit: Option<u64>,
-    /// Percent 1–100; `None` = no limit.
-    pub cores: Option<u8>,
-    /// What backs the grant: kubelet's record, the admission policy, or belief
-    /// ([`backing`], `allocation.trust-annotations`).
-    #[serde(default)]
-    pub backing: backing::Backing,
-    /// The time-slicing replicas of this device kubelet records the container holding.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replica: Option<replicas::ReplicaShare>,
-}
-
-/// Devices of other CDI kinds named by `cdi.k8s.io/*` annotations, resolved with their edits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ForeignCdiDevice {
-    /// Fully qualified `vendor/class=name`.
-    pub name: String,
-    /// The spec file that defined it.
-    pub spec_path: String,
-    /// Device edits followed by the spec's common edits.
-    pub edits: ContainerEdits,
-    /// What backs the grant ([`backing`]).
-    #[serde(default)]
-    pub backing: backing::Backing,
-}
-
-/// The normalised allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Allocation {
-    /// Dialects that expressed this allocation (more than one only when they agree).
-    pub dialects: Vec<Dialect>,
-    /// Devices in container order (CUDA ordinal `i` = position `i`).
-    pub devices: Vec<AllocatedDevice>,
-    /// Let allocations beyond the quota spill to host memory instead of failing.
-    pub oversubscribe: bool,
-    /// Driver capabilities to expose (default `compute,utility`).
-    pub capabilities: Vec<Capability>,
-    /// Devices of other CDI kinds.
-    pub foreign_cdi: Vec<ForeignCdiDevice>,
-    /// `gpufence.dev/cores-policy: burst`: compute shares may use idle GPU time.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub cores_burst: bool,
-    /// Where each facet was taken from (every dialect that expressed it; they agree).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sources: Vec<FacetSource>,
-}
-
-/// Where an input was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Origin {
-    /// An OCI annotation (pod or container annotation passed by the CRI runtime).
-    Annotation,
-    /// Env that kubelet's device-manager checkpoint records a device plugin set.
-    Kubelet,
-    /// Process env believed as written (`allocation.trust-env = true`).
-    Env,
-    /// A mount in `config.json` (the NVIDIA device plugin's volume-mounts strategy).
-    Mount,
-    /// A device node the engine put into `config.json` (`linux.devices`:
-    /// [`spec_devices`]).
-    Device,
-}
-
-/// One facet of the allocation and the input it came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FacetSource {
-    /// `devices`, `memory`, `cores` or `oversubscribe`.
-    pub facet: String,
-    pub dialect: Dialect,
-    pub origin: Origin,
-    pub key: String,
-    pub value: String,
-}
-
-/// Why an allocation is refused: one line naming the input key, its value and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}={value:?}: {why}")]
-pub struct AllocationError {
-    /// The annotation or env key at fault (or the CDI spec file).
-    pub key: String,
-    /// The offending value (truncated for display by the constructor).
-    pub value: String,
-    pub why: String,
-}
-
-/// Longest reason an [`AllocationError`] keeps (longer ones are clipped, with `…`).
-pub const MAX_WHY: usize = 900;
-
-impl AllocationError {
-    /// Build an error, truncating huge values so the message stays one readable line.
-    pub fn new(key: impl Into<String>, value: &str, why: impl Into<String>) -> Self {
-        const MAX: usize = 120;
-        let value = if value.len() > MAX {
-            format!("{}…({} bytes)", crate::text::clip(value, MAX), value.len())
-        } else {
-            value.to_string()
-        };
-        let mut why: String = why.into();
-        // Reasons may quote parts of the input: keep them bounded too — but whole where they
-        // name a pod, its claims' CDI ids and what kubelet recorded (a refusal of a DRA pod is
-        // easily 500 bytes, its most useful part at the end).
-        if why.len() > MAX_WHY {
-            why = format!("{}…", crate::text::clip(&why, MAX_WHY));
-        }
-        AllocationError {
-            key: key.into(),
-            value: value.replace('\n', "\\n"),
-            why: why.replace('\n', " "),
-        }
-    }
-}
 
 mod agree;
 pub mod backing;
 pub mod compute;
+pub mod container_dialects;
+pub mod device_nodes;
 pub mod devices;
-pub mod dialects;
+mod dra_limits;
 pub mod dra_share;
+pub mod error;
 pub mod input;
 pub mod kubelet_env;
 pub mod libpod;
+pub mod pod_dialects;
 pub mod record;
 pub mod replicas;
-pub mod scheduler;
 pub mod spec_devices;
+pub mod types;
 
+pub use error::AllocationError;
+pub use types::{
+    AllocatedDevice, Allocation, DeviceRef, FacetSource, ForeignCdiDevice, Intake, Origin,
+};
+
+use container_dialects::Part;
 use devices::{Resolved, describe};
-use dialects::Part;
 use input::Inputs;
 
 pub(crate) use crate::text::short;
-
-/// What the allocation intake decided for one container.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Intake {
-    /// `None`: no trusted dialect expresses an allocation (the container gets no GPU).
-    pub allocation: Option<Allocation>,
-    /// Untrusted GPU env neutralised: `KEY=value` replacements for the process env.
-    pub env_overrides: Vec<String>,
-    /// Decisions worth telling the operator (ignored or neutralised env).
-    pub notes: Vec<String>,
-    /// GPU env not acted on as written (trust-env = "kubelet").
-    pub neutralised: Vec<kubelet_env::Neutralised>,
-    /// What kubelet recorded for this container (trust-env = "kubelet").
-    pub kubelet: Option<kubelet_env::KubeletReport>,
-}
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
 /// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
@@ -257,7 +114,7 @@ pub fn read_request(
     spec_devices::check_rest(&subject, recorded.as_ref(), &borne, devices.len())?;
     // Limits: gpufence annotations apply to the combined list.
     if ac.enabled(Dialect::Gpufence) {
-        parts.push(dialects::gpufence_limits(inputs, &devices)?);
+        parts.push(container_dialects::gpufence_limits(inputs, &devices)?);
         origins.push(Origin::Annotation);
     }
     let mut memory = agree::per_device(&parts, &devices, |p| p.memory.as_ref())?;
@@ -274,7 +131,7 @@ pub fn read_request(
         &mut memory,
         &mut cores,
     )?;
-    let dra = dra_share::apply(recorded.as_ref(), &devices, &mut memory, &mut cores)?;
+    let dra = dra_limits::apply(recorded.as_ref(), &devices, &mut memory, &mut cores)?;
     let cores_burst = compute::cores_policy(inputs, &devices, &cores)?;
     let cores_burst = replicas::cores_policy(inputs, &shares.shares, cores_burst, config)?;
     let oversubscribe = agree::oversubscribe(&parts)?;
@@ -339,7 +196,7 @@ pub fn read_request(
 /// kubelet for this container — the annotation applies as a pod annotation does.)
 fn gpushare_needs_kubelet(
     view: &kubelet_env::View,
-    parts: &[dialects::Part],
+    parts: &[container_dialects::Part],
 ) -> Result<(), AllocationError> {
     let unavailable = view.report.as_ref().filter(|r| r.status == "unavailable");
     let Some(r) = unavailable else {
@@ -418,29 +275,32 @@ fn read_parts(
     let mut parts: Vec<(Part, Origin)> = Vec::new();
     if ac.enabled(Dialect::Gpufence) {
         parts.push((
-            dialects::gpufence_devices(inputs, inventory)?,
+            container_dialects::gpufence_devices(inputs, inventory)?,
             Origin::Annotation,
         ));
     }
     if ac.enabled(Dialect::Cdi) {
         parts.push((
-            dialects::cdi(inputs, inventory, cdi_specs)?,
+            container_dialects::cdi(inputs, inventory, cdi_specs)?,
             Origin::Annotation,
         ));
     }
     if ac.honours(Dialect::Hami) {
-        parts.push((dialects::hami(inputs, inventory)?, env_origin));
+        parts.push((container_dialects::hami(inputs, inventory)?, env_origin));
     }
     if ac.honours(Dialect::Gpushare) {
-        parts.push((dialects::gpushare(inputs, inventory, config)?, env_origin));
-    }
-    if ac.enabled(Dialect::Nvidia) {
         parts.push((
-            dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            container_dialects::gpushare(inputs, inventory, config)?,
             env_origin,
         ));
     }
-    for p in scheduler::read(inputs, inventory, config, record)? {
+    if ac.enabled(Dialect::Nvidia) {
+        parts.push((
+            container_dialects::nvidia(inputs, inventory, ac.honours(Dialect::Nvidia))?,
+            env_origin,
+        ));
+    }
+    for p in pod_dialects::read(inputs, inventory, config, record)? {
         parts.push((p, Origin::Annotation));
     }
     Ok(parts.into_iter().unzip())
@@ -527,19 +387,19 @@ fn capabilities(
     let ac = &config.allocation;
     let (key, value) = if let Some(v) = inputs
         .annotations
-        .get(dialects::ANN_CAPABILITIES)
+        .get(container_dialects::ANN_CAPABILITIES)
         .filter(|_| ac.enabled(Dialect::Gpufence))
     {
-        (dialects::ANN_CAPABILITIES, v.as_str())
+        (container_dialects::ANN_CAPABILITIES, v.as_str())
     } else if ac.honours(Dialect::Nvidia)
-        && let Some(v) = inputs.env_var(dialects::NVIDIA_DRIVER_CAPABILITIES)?
+        && let Some(v) = inputs.env_var(container_dialects::NVIDIA_DRIVER_CAPABILITIES)?
     {
-        (dialects::NVIDIA_DRIVER_CAPABILITIES, v)
+        (container_dialects::NVIDIA_DRIVER_CAPABILITIES, v)
     } else {
-        if let Some(v) = inputs.env_first(dialects::NVIDIA_DRIVER_CAPABILITIES) {
+        if let Some(v) = inputs.env_first(container_dialects::NVIDIA_DRIVER_CAPABILITIES) {
             intake.notes.push(format!(
                 "ignored untrusted {}={:?} (nvidia env is not trusted); using {}",
-                dialects::NVIDIA_DRIVER_CAPABILITIES,
+                container_dialects::NVIDIA_DRIVER_CAPABILITIES,
                 short(v),
                 "compute,utility"
             ));
@@ -601,7 +461,7 @@ fn neutralise(
     let nvd: Vec<&str> = inputs
         .env
         .iter()
-        .filter(|(k, _)| k == dialects::NVIDIA_VISIBLE_DEVICES)
+        .filter(|(k, _)| k == container_dialects::NVIDIA_VISIBLE_DEVICES)
         .map(|(_, v)| v.as_str())
         .collect();
     let asks = |v: &str| !matches!(v.trim(), "" | "void");
@@ -611,60 +471,35 @@ fn neutralise(
             // The plan sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs anyway.
             intake.notes.push(format!(
                 "ignored {}={:?} (replaced by the allocated devices): {}",
-                dialects::NVIDIA_VISIBLE_DEVICES,
+                container_dialects::NVIDIA_VISIBLE_DEVICES,
                 short(v),
                 why(Dialect::Nvidia)
             ));
         } else if asks(v) {
-            intake
-                .env_overrides
-                .push(format!("{}=void", dialects::NVIDIA_VISIBLE_DEVICES));
+            intake.env_overrides.push(format!(
+                "{}=void",
+                container_dialects::NVIDIA_VISIBLE_DEVICES
+            ));
             intake.notes.push(format!(
                 "neutralised {}={:?} to void: {}",
-                dialects::NVIDIA_VISIBLE_DEVICES,
+                container_dialects::NVIDIA_VISIBLE_DEVICES,
                 short(v),
                 why(Dialect::Nvidia)
             ));
         }
     }
     if !ac.honours(Dialect::Hami) {
-        for k in inputs.env_keys(dialects::is_hami_key) {
+        for k in inputs.env_keys(container_dialects::is_hami_key) {
             intake
                 .notes
                 .push(format!("ignored {k}: {}", why(Dialect::Hami)));
         }
     }
     if !ac.honours(Dialect::Gpushare) {
-        for k in inputs.env_keys(|k| k.starts_with(dialects::ALIYUN_PREFIX)) {
+        for k in inputs.env_keys(|k| k.starts_with(container_dialects::ALIYUN_PREFIX)) {
             intake
                 .notes
                 .push(format!("ignored {k}: {}", why(Dialect::Gpushare)));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reason_is_kept_whole_up_to_max_why_then_clipped() {
-        // A DRA pod's refusal: the pod, the claim's CDI ids and kubelet's record, whole.
-        let id = "k8s.gpu.nvidia.com/claim=c0ffee00-0000-4000-8000-00000000000e-gpu-1";
-        let why = format!(
-            "GPU 1 (GPU-6f7a3c01-5e11-4f1e-9a3c-00d15ca1ab1f) is not among what kubelet recorded \
-             for container trainer of pod ml-team-a/llm-finetune-7f9c8d6b5-x2k4q \
-             (allocation.trust-annotations = \"kubelet\"); kubelet recorded: DRA claim \
-             ml-team-a/llm-finetune-7f9c8d6b5-x2k4q-gpu-xr5tz [k8s.gpu.nvidia.com/device=gpu-1, \
-             {id}: in no CDI spec read from cdi.spec-dirs]"
-        );
-        assert!(why.len() > 400 && why.len() <= MAX_WHY);
-        assert_eq!(
-            AllocationError::new("linux.devices", "/dev/nvidia1", why.clone()).why,
-            why
-        );
-        let long = "x".repeat(3 * MAX_WHY);
-        let e = AllocationError::new("k", "v", long);
-        assert_eq!(e.why, format!("{}…", "x".repeat(MAX_WHY)));
     }
 }

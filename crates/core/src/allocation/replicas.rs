@@ -16,11 +16,10 @@
 //! refused before, [`super::kubelet_env::refusal`]; annotation-borne grants are the business of
 //! `allocation.trust-annotations`.)
 
-use serde::{Deserialize, Serialize};
-
+use super::container_dialects::ANN_CORES_POLICY;
 use super::devices::{Resolved, describe, resolve_token};
-use super::dialects::ANN_CORES_POLICY;
 use super::input::Inputs;
+pub use super::types::ReplicaShare;
 use super::{AllocationError, DeviceRef, FacetSource, Origin};
 use crate::config::{Config, CoresPolicy, Dialect, ReplicasPolicy};
 use crate::inventory::Inventory;
@@ -28,23 +27,6 @@ use crate::kubelet::{ContainerRecord, KubeletSource};
 
 /// The key errors about kubelet's record are reported under.
 const KEY: &str = "kubelet.checkpoint";
-
-/// One device's time-slicing replica share.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaShare {
-    /// The resource the replicas were allocated as (`nvidia.com/gpu`, `nvidia.com/gpu.shared`).
-    pub resource: String,
-    /// Replicas the container holds (r).
-    pub held: u32,
-    /// Replicas of the device kubelet registers (N).
-    pub of: u32,
-    /// floor(device memory × r / N), bytes.
-    pub memory: u64,
-    /// 100 × r / N percent (at least 1); `None` on a MIG device.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cores: Option<u8>,
-}
 
 impl ReplicaShare {
     /// `replica 2 of 4 of GPU-… (nvidia.com/gpu) → 20 GiB, 25 % burst` (`uuid`: the device's;

@@ -17,25 +17,6 @@ pub const CONFIG_ENV: &str = "GPUFENCE_CONFIG";
 /// second plugin's adjustment of a mount, device or env variable another plugin claimed.
 pub const NRI_PLUGIN_INDEX: &str = "90";
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("config {path}: {key} = {value:?}: {why}")]
-    Invalid {
-        path: PathBuf,
-        key: &'static str,
-        value: String,
-        why: &'static str,
-    },
-}
-
 /// The whole node configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -479,9 +460,11 @@ impl Default for GpushareConfig {
     }
 }
 
+pub mod error;
 pub mod quota;
 pub mod sharing;
 
+pub use error::ConfigError;
 pub use quota::{QuotaBackend, QuotaConfig};
 pub use sharing::{CoresPolicy, MpsConfig, ReplicasPolicy, SharingConfig};
 
@@ -776,5 +759,26 @@ inventory = 60
             Config::default().timeouts.worker(),
             std::time::Duration::from_secs(5)
         );
+    }
+
+    #[test]
+    fn replica_keys_default_parse_and_refuse_other_values() {
+        let d = Config::default();
+        assert_eq!(d.sharing.replicas, ReplicasPolicy::Equal);
+        assert_eq!(d.sharing.replica_cores_policy, CoresPolicy::Burst);
+        let c = Config::from_toml(
+            "[sharing]\nreplicas = \"off\"\nreplica-cores-policy = \"hard\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.sharing.replicas, ReplicasPolicy::Off);
+        assert_eq!(c.sharing.replica_cores_policy, CoresPolicy::Hard);
+        for bad in [
+            "[sharing]\nreplicas = \"half\"\n",
+            "[sharing]\nreplica-cores-policy = \"soft\"\n",
+        ] {
+            let e = Config::from_toml(bad, Path::new("c.toml")).unwrap_err();
+            assert!(e.to_string().contains("c.toml"), "{e}");
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -108,32 +108,5 @@ impl SharingConfig {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-
-    #[test]
-    fn replica_keys_default_parse_and_refuse_other_values() {
-        let d = Config::default();
-        assert_eq!(d.sharing.replicas, ReplicasPolicy::Equal);
-        assert_eq!(d.sharing.replica_cores_policy, CoresPolicy::Burst);
-        let c = Config::from_toml(
-            "[sharing]\nreplicas = \"off\"\nreplica-cores-policy = \"hard\"\n",
-            Path::new("c.toml"),
-        )
-        .unwrap();
-        assert_eq!(c.sharing.replicas, ReplicasPolicy::Off);
-        assert_eq!(c.sharing.replica_cores_policy, CoresPolicy::Hard);
-        for bad in [
-            "[sharing]\nreplicas = \"half\"\n",
-            "[sharing]\nreplica-cores-policy = \"soft\"\n",
-        ] {
-            let e = Config::from_toml(bad, Path::new("c.toml")).unwrap_err();
-            assert!(e.to_string().contains("c.toml"), "{e}");
-        }
     }
 }

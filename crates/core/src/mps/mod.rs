@@ -30,7 +30,7 @@ use crate::cdi::MountEdit;
 use crate::config::Config;
 use crate::inventory::Inventory;
 
-pub use crate::allocation::dialects::ANN_SHARING;
+pub use crate::allocation::container_dialects::ANN_SHARING;
 
 /// What the daemon reported (filled by [`probe`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -24,10 +24,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::cdi::MountEdit;
 use crate::inventory::{DriverFile, FileKind, Inventory};
+pub use crate::plan::types::{DriverFolders, Folder, Folding, Member};
 use crate::plan::{LdCache, Plan, RO_BIND};
 
 /// Where the folded driver libraries appear in the container (the folder NVIDIA's CUDA images
@@ -55,69 +54,6 @@ pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// One file in a folder.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// File name inside the folder (the container path's last component).
-    pub name: String,
-    pub host: PathBuf,
-    /// A soname link to create beside it (`libcuda.so.1` → `libcuda.so.580.65.06`).
-    pub soname: Option<String>,
-}
-
-/// One folder bind: its sub-directory in the prepared directory, where it appears, its files.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Folder {
-    pub name: &'static str,
-    pub container: String,
-    /// The folder its members come from (their container paths in the `files` layout).
-    pub from: String,
-    pub members: Vec<Member>,
-    /// Empty files to create, for read-write binds placed over them inside the folder.
-    pub placeholders: Vec<String>,
-}
-
-/// What [`fold`] decided for one plan.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Folding {
-    pub folders: Vec<Folder>,
-    /// Indices (in `plan.edits.mounts`) of the file binds the folders replace.
-    pub folded: Vec<usize>,
-    /// Read-write binds moved into a folder: index, new container path.
-    pub moved: Vec<(usize, String)>,
-    /// The library folder the folded libraries came from (renamed in the ld cache hook).
-    pub lib_from: Option<String>,
-}
-
-/// `runtime.driver-layout = "folders"` as the plan decided it: the plan's driver file binds
-/// served by folder binds from one prepared host directory. Only `gpufence-runtime` renders it
-/// (hook mode and CDI specs keep the per-file edits): it prepares [`DriverFolders::dir`] and
-/// writes these mounts, env and ld cache folders in place of the plan's — or, where the
-/// directory cannot be prepared (another filesystem, a driver file replaced since), the plan's
-/// per-file edits, with one log line. Either way the plan itself is not changed.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverFolders {
-    /// The prepared directory on the host (`runtime.driver-folders/<version>-<hash>`).
-    pub dir: String,
-    /// Whether it exists already (else the first create makes it).
-    pub prepared: bool,
-    /// The container's mounts with this layout (in place of `edits.mounts`).
-    pub mounts: Vec<MountEdit>,
-    /// The ld cache with this layout (the libraries' folder is [`LIB_FOLDER`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ld_cache: Option<LdCache>,
-    /// Env set with this layout, after the plan's (`PATH` naming [`BIN_FOLDER`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    /// Files folded, folders made.
-    pub files: usize,
-    pub folders: usize,
-    /// What was folded: the runtime builds the prepared directory from it.
-    #[serde(skip)]
-    pub folding: Folding,
 }
 
 /// The plan's driver layout (`runtime.driver-layout`), decided at the front door once the rest

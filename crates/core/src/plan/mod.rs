@@ -4,12 +4,7 @@
 //! the container's namespaces, `gpufence plan` prints it. Its JSON form (`gpufence plan --json`)
 //! is a stable interface documented in docs/plan-json.md.
 
-use serde::{Deserialize, Serialize};
-
-use crate::allocation::Allocation;
 use crate::allocation::input::Inputs;
-use crate::cdi::ContainerEdits;
-use crate::quota::Quota;
 
 pub mod cgroup;
 pub mod env;
@@ -19,131 +14,16 @@ mod log;
 pub mod mounts;
 pub mod nodes;
 pub mod quota;
+pub mod types;
 
 pub use log::log_decision;
-
-/// Where the per-container state directory appears inside the container.
-pub const CONTAINER_STATE_DIR: &str = "/run/gpufence";
-/// Where the quota file appears inside the container.
-pub const CONTAINER_QUOTA_FILE: &str = "/run/gpufence/quota";
-/// The shared accounting region inside the container state directory (the shim's
-/// `region::FILE_NAME`), created by the first shim process in the container's own size-bounded
-/// tmpfs (`state_tmpfs`), never on the host.
-pub const ACCOUNTING_FILE: &str = "accounting";
-/// Where the shim is mounted inside the container.
-pub const CONTAINER_SHIM_PATH: &str = "/usr/lib/gpufence/libgpufence.so";
-
-/// A cgroup device rule (`c 195:0 rw`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct CgroupRule {
-    /// `c` or `b`.
-    #[serde(rename = "type")]
-    pub kind: char,
-    pub major: u32,
-    pub minor: u32,
-    /// Subset of `rwm`.
-    pub access: String,
-}
-
-impl std::fmt::Display for CgroupRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}:{} {}",
-            self.kind, self.major, self.minor, self.access
-        )
-    }
-}
-
-/// The container's ld cache, refreshed so the driver libraries the plan mounts are found by
-/// soname: which folders (container paths) enter it. A typed part of the plan that every applier
-/// renders its own way — `gpufence-runtime` writes the cache in-process before runc (or, for a
-/// user-namespaced container, adds the createContainer hook [`ldcache_hook`] renders), the hook
-/// refreshes it inside the container's mount namespace, the NRI plugin and CDI specs add the hook.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LdCache {
-    /// Folders holding the mounted libraries, sorted.
-    pub folders: Vec<String>,
-}
-
-/// A file the apply step must write on the host before the container starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HostFile {
-    pub path: String,
-    pub contents: String,
-    /// Octal permission bits, e.g. 0o444.
-    pub mode: u32,
-}
-
-/// Everything to do to one container.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Plan {
-    pub container_id: String,
-    /// `None` = no allocation: the container gets no GPU.
-    pub allocation: Option<Allocation>,
-    /// Device nodes (with major/minor), mounts, env, hooks to add.
-    pub edits: ContainerEdits,
-    /// cgroup allow rules matching `edits.device_nodes`.
-    pub cgroup_rules: Vec<CgroupRule>,
-    /// The quota handed to the shim (also rendered into `host_files`).
-    pub quota: Option<Quota>,
-    /// Host directory to create for the container's state (`state-dir/<id>`).
-    pub state_dir: Option<String>,
-    /// Files to write on the host (quota, generated ld.so.preload).
-    pub host_files: Vec<HostFile>,
-    /// Untrusted GPU env neutralised: `KEY=new value` replacements for the process env.
-    pub env_overrides: Vec<String>,
-    /// Human-readable notes about decisions (e.g. which env was neutralised and why).
-    pub notes: Vec<String>,
-    /// Per device: where its memory quota is enforced (`shim`, `driver`, `both`, `none`).
-    #[serde(default)]
-    pub memory_backends: Vec<crate::backend::DeviceBackend>,
-    /// Limits the createRuntime hook sets through NVML on the container's cgroup.
-    #[serde(default)]
-    pub driver_limits: Vec<crate::backend::DriverLimit>,
-    /// MPS sharing (daemon pipe and shm, client limits).
-    #[serde(default)]
-    pub mps: Option<crate::mps::MpsPlan>,
-    /// GPU env not acted on as written, and why (`allocation.trust-env = "kubelet"`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub neutralised: Vec<crate::allocation::kubelet_env::Neutralised>,
-    /// What kubelet recorded for this container (`allocation.trust-env = "kubelet"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubelet: Option<crate::allocation::kubelet_env::KubeletReport>,
-    /// What the shim's quota protects against and what it does not (`SHIM_ISOLATION`), when
-    /// the plan hands the container a quota; `None` otherwise.
-    #[serde(default)]
-    pub isolation: Option<String>,
-    /// The ld cache refresh the driver libraries need (`None`: no library mounted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ld_cache: Option<LdCache>,
-    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, for the
-    /// runtime to render where it can prepare the folders ([`folders::DriverFolders`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_folders: Option<folders::DriverFolders>,
-}
-
-/// The plain statement of what a preloaded shim's quota is: it keeps tenants from each other's
-/// mistakes and honest overuse; a hostile process inside the container can get past any
-/// library it is handed (it may skip the preload or call the driver directly).
-pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from each other's \
-    mistakes and honest overuse; it is not a hard boundary against a hostile process in this \
-    container, which can bypass a preloaded library — hard isolation against a hostile tenant \
-    needs the driver backend or MIG";
-
-impl Plan {
-    /// True when the plan grants nothing (no device nodes, no mounts, no shim).
-    pub fn grants_nothing(&self) -> bool {
-        self.allocation.is_none()
-            && self.edits.device_nodes.is_empty()
-            && self.edits.mounts.is_empty()
-            && self.cgroup_rules.is_empty()
-            && self.quota.is_none()
-    }
-}
+pub use mounts::{driver_mounts, state_tmpfs};
+pub use nodes::device_node_edit;
+pub use types::{
+    ACCOUNTING_FILE, CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, CgroupRule,
+    HAMI_CACHE_FILE, HostFile, LD_SO_PRELOAD_FILE, LdCache, Plan, RO_BIND, RW_STATE_BIND,
+    SHIM_ISOLATION, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
+};
 
 /// Compute the plan for one container. Pure: no I/O. `spec` is the parsed `config.json`;
 /// `inventory` must already carry device numbers read from `dev-root` at this moment;
@@ -281,11 +161,6 @@ pub fn plan_request(
     Ok(plan)
 }
 
-/// Node-wide generated `ld.so.preload` (under `state-dir`), naming the container's shim path.
-pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
-/// HAMi-core's shared accounting region, inside the state directory (compatibility mode).
-pub const HAMI_CACHE_FILE: &str = "vgpu.cache";
-
 /// The container id becomes a host path component: [`crate::text::container_id_problem`].
 pub fn validate_container_id(id: &str) -> Result<(), crate::allocation::AllocationError> {
     match crate::text::container_id_problem(id) {
@@ -376,57 +251,6 @@ fn mount_depth(p: &str) -> usize {
     p.split('/').filter(|c| !c.is_empty() && *c != ".").count()
 }
 
-/// Bytes of the per-container tmpfs at `/run/gpufence`: the shim's accounting region (≈ 521 KiB)
-/// with room to spare; HAMi-core's shared cache needs more.
-pub const STATE_TMPFS_SIZE: &str = "1m";
-/// The same for `shim.library` = HAMi-core's `libvgpu.so` (its `vgpu.cache` and lock).
-pub const STATE_TMPFS_SIZE_HAMI: &str = "16m";
-
-/// `/run/gpufence` inside the container: a tmpfs of its own (never the host's state directory),
-/// sized by the host and with inodes for its root, the quota's mount point and one file — the
-/// accounting region, created by the first shim process (mode 1777: whatever its uid). Its pages
-/// are charged to the container's memory cgroup and vanish with its mount namespace; the host
-/// never reads it, so nothing the container plants there is ever followed by a host process.
-pub fn state_tmpfs(hami: bool) -> crate::cdi::MountEdit {
-    let (size, inodes) = if hami {
-        (STATE_TMPFS_SIZE_HAMI, 5)
-    } else {
-        (STATE_TMPFS_SIZE, 3)
-    };
-    crate::cdi::MountEdit {
-        host_path: "tmpfs".to_string(),
-        container_path: CONTAINER_STATE_DIR.to_string(),
-        kind: Some("tmpfs".to_string()),
-        options: [
-            "nosuid".to_string(),
-            "nodev".to_string(),
-            "noexec".to_string(),
-            "mode=1777".to_string(),
-            format!("size={size}"),
-            format!("nr_inodes={inodes}"),
-        ]
-        .to_vec(),
-    }
-}
-
-/// Mount options for driver files and the shim.
-pub const RO_BIND: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
-
-/// The CDI/OCI device-node edit for an inventory device node.
-pub fn device_node_edit(n: &crate::inventory::DeviceNode) -> crate::cdi::DeviceNodeEdit {
-    crate::cdi::DeviceNodeEdit {
-        path: n.path.clone(),
-        host_path: Some(n.host_path.display().to_string()),
-        kind: Some(n.kind.to_string()),
-        major: Some(i64::from(n.major)),
-        minor: Some(i64::from(n.minor)),
-        file_mode: Some(0o666),
-        permissions: Some("rw".to_string()),
-        uid: None,
-        gid: None,
-    }
-}
-
 /// The cgroup allow rule for an inventory device node.
 pub fn cgroup_rule(n: &crate::inventory::DeviceNode) -> CgroupRule {
     CgroupRule {
@@ -436,31 +260,6 @@ pub fn cgroup_rule(n: &crate::inventory::DeviceNode) -> CgroupRule {
         access: "rw".to_string(),
     }
 }
-
-/// Bind mounts of driver files (same path in the container as under `driver-root`):
-/// read-only, except node-wide device state, which every process of the node writes.
-pub fn driver_mounts<'a>(
-    files: impl IntoIterator<Item = &'a crate::inventory::DriverFile>,
-) -> Vec<crate::cdi::MountEdit> {
-    files
-        .into_iter()
-        .map(|f| crate::cdi::MountEdit {
-            host_path: f.host_path.display().to_string(),
-            container_path: f.container_path.clone(),
-            kind: None,
-            options: if f.kind == crate::inventory::FileKind::DeviceState {
-                RW_STATE_BIND.iter()
-            } else {
-                RO_BIND.iter()
-            }
-            .map(|s| s.to_string())
-            .collect(),
-        })
-        .collect()
-}
-
-/// Mount options of node-wide device state files (see `FileKind::DeviceState`).
-pub const RW_STATE_BIND: [&str; 5] = ["rw", "nosuid", "nodev", "noexec", "bind"];
 
 /// Directories (inside the container) holding mounted driver libraries, for the ld cache refresh.
 pub fn library_dirs<'a>(

@@ -5,8 +5,6 @@ use crate::allocation::{Allocation, AllocationError, DeviceRef};
 use crate::cdi::DeviceNodeEdit;
 use crate::inventory::{Capability, DeviceNode, DriverFile, Inventory};
 
-use super::device_node_edit;
-
 fn push<'a>(n: &'a DeviceNode, nodes: &mut Vec<&'a DeviceNode>) {
     if !nodes.iter().any(|x| x.path == n.path) {
         nodes.push(n);
@@ -75,4 +73,19 @@ pub fn driver_files<'a>(alloc: &'a Allocation, inventory: &'a Inventory) -> Vec<
     files.sort_by(|a, b| a.container_path.cmp(&b.container_path));
     files.dedup_by(|a, b| a.container_path == b.container_path);
     files
+}
+
+/// The CDI/OCI device-node edit for an inventory device node.
+pub fn device_node_edit(n: &crate::inventory::DeviceNode) -> crate::cdi::DeviceNodeEdit {
+    crate::cdi::DeviceNodeEdit {
+        path: n.path.clone(),
+        host_path: Some(n.host_path.display().to_string()),
+        kind: Some(n.kind.to_string()),
+        major: Some(i64::from(n.major)),
+        minor: Some(i64::from(n.minor)),
+        file_mode: Some(0o666),
+        permissions: Some("rw".to_string()),
+        uid: None,
+        gid: None,
+    }
 }

@@ -88,7 +88,7 @@ pub struct Options {
     pub dry_run: bool,
     /// Install even in front of a runc/crun release with known container escapes.
     pub allow_vulnerable_runtime: bool,
-    /// The applier: the runtime handler, or the NRI plugin (containerd only).
+    /// The applier: the runtime handler, or the NRI plugin (containerd, CRI-O).
     pub mode: Mode,
 }
 
@@ -386,17 +386,30 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
     Ok(report)
 }
 
-/// The pre-registered NRI plugin: `<plugin_path>/90-<name>` (containerd's `plugin_path`, read
-/// from the host's main file), starting `gpufence nri` with the host's configuration. Whether
-/// it changed (containerd starts pre-registered plugins only when it starts).
+/// The pre-registered NRI plugin: `<plugin dir>/90-<name>` (containerd's `plugin_path` from the
+/// host's main file; CRI-O's `nri_plugin_dir` from its files), starting `gpufence nri` with the
+/// host's configuration. Whether it changed (the runtime starts pre-registered plugins only
+/// when it starts).
 fn install_nri_plugin(
     o: &Options,
     previous: Option<&Manifest>,
     m: &mut Manifest,
     report: &mut Vec<String>,
 ) -> Result<bool, InstallError> {
-    let main = std::fs::read_to_string(o.here(&o.engine_config)).unwrap_or_default();
-    let dir = nri_config::plugin_path(&main);
+    let dir = if o.engine == Engine::Crio {
+        let own = crate::configure::drop_in_path(
+            o.engine,
+            &o.engine_config,
+            &nri_config::config_name(&o.handler),
+        )
+        .unwrap_or_default();
+        nri_config::crio_layers(&o.here(&o.engine_config), &o.here(&own))
+            .map(|layers| nri_config::crio_plugin_path(&layers))
+            .unwrap_or_else(|_| PathBuf::from(nri_config::DEFAULT_PLUGIN_PATH))
+    } else {
+        let main = std::fs::read_to_string(o.here(&o.engine_config)).unwrap_or_default();
+        nri_config::plugin_path(&main)
+    };
     ensure_dir(o, &dir, m)?;
     let wrapper = nri_config::wrapper(Path::new(HOST_GPUFENCE), Path::new(HOST_CONFIG));
     let file = dir.join(nri_config::plugin_file(&o.handler));

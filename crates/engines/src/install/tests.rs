@@ -368,13 +368,51 @@ fn install_mode_nri_refuses_what_cannot_fail_closed() {
         std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap(),
         CONTAINERD
     );
-    // CRI-O: containerd only.
-    let (_, mut o) = setup("nri-crio", Engine::Crio);
+    // docker has no NRI.
+    let (_, mut o) = setup("nri-docker", Engine::Docker);
     o.mode = Mode::Nri;
     let e = install(&o, &mut RecordingHost::default())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("containerd only"), "{e}");
+    assert!(e.contains("docker has no NRI"), "{e}");
+}
+
+/// CRI-O's main file with the operator's NRI plugin directory and a required plugin of theirs.
+const CRIO: &str = "# the operator's\n[crio.nri]\nnri_plugin_dir = \"/opt/crio-nri\" # theirs\n\n[crio.nri.default_validator]\nnri_validator_required_plugins = [\"theirs\"]\n";
+
+#[test]
+fn install_mode_nri_on_crio_writes_its_drop_in_and_plugin_and_uninstall_reverses_it() {
+    let (host, mut o) = setup("nri-crio", Engine::Crio);
+    o.mode = Mode::Nri;
+    std::fs::create_dir_all(host.join("etc/crio/crio.conf.d")).unwrap();
+    std::fs::write(host.join("etc/crio/crio.conf"), CRIO).unwrap();
+    std::fs::write(host.join("etc/crio/crio.conf.d/10-op.conf"), "# theirs\n").unwrap();
+    std::fs::create_dir_all(host.join("run/systemd/system")).unwrap();
+    let before = tree(&host);
+
+    let mut h = RecordingHost::default();
+    let report = install(&o, &mut h).unwrap();
+    // The plugin where CRI-O's nri_plugin_dir says.
+    let text = std::fs::read_to_string(host.join("opt/crio-nri/90-gpufence")).unwrap();
+    assert!(text.ends_with("exec /usr/bin/gpufence --config /etc/gpufence/config.toml nri\n"));
+    assert!(!host.join("usr/bin/gpufence-runtime").exists());
+    // The drop-in: NRI on, the validator requiring theirs and gpufence, no escape hatch.
+    let drop_in =
+        std::fs::read_to_string(host.join("etc/crio/crio.conf.d/99-gpufence-nri.conf")).unwrap();
+    assert_eq!(nri_config::crio_required(&drop_in), ["theirs", "gpufence"]);
+    // The operator's files are not touched.
+    assert_eq!(
+        std::fs::read_to_string(host.join("etc/crio/crio.conf")).unwrap(),
+        CRIO
+    );
+    assert_eq!(h.calls.len(), 1, "{report:?}");
+    assert!(
+        h.calls[0].contains("systemctl restart crio"),
+        "{:?}",
+        h.calls
+    );
+
+    again_then_uninstall(&o, &host, &before);
 }
 
 #[test]

@@ -4,27 +4,15 @@
 //! fake) and [`cgroup`] the cgroup layout; the plan's quota backend ([`crate::backend`]) reads
 //! the support, the appliers ([`crate::driverlimits`]) make the calls.
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::Config;
 use crate::inventory::Inventory;
 
 pub mod cgroup;
 pub mod nvml;
+pub mod support;
 
 pub use cgroup::CgroupMode;
-
-/// What the node supports for driver memory limits (recorded in the inventory cache).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverSupport {
-    /// How cgroups are mounted (`unified`, `hybrid`, `legacy`).
-    pub cgroup: CgroupMode,
-    /// NVML exports `nvmlDeviceSetMemoryLimits_v1` and `nvmlDeviceGetMemoryLimits_v1`.
-    pub nvml_exports: bool,
-    /// UUIDs of the GPUs for which NVML accepts memory-limit calls (never MIG).
-    pub gpus: Vec<String>,
-}
+pub use support::DriverSupport;
 
 /// Inventory probe (NVML initialised): the cgroup layout and, per GPU, whether NVML accepts
 /// memory limits. Never fails: what cannot be probed is unsupported.

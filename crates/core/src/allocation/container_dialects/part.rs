@@ -1,20 +1,5 @@
-//! One reader per dialect. Each turns its inputs into a [`Part`]: the facets of the allocation
-//! it expresses (devices, memory, cores, oversubscription), each with the key and value it came
-//! from so that a disagreement between dialects names both.
-//!
-//! One file per dialect; this module holds what they share and re-exports them.
-
-mod cdi;
-mod gpufence;
-mod gpushare;
-mod hami;
-mod nvidia;
-
-pub use cdi::*;
-pub use gpufence::*;
-pub use gpushare::*;
-pub use hami::*;
-pub use nvidia::*;
+//! What every dialect reader returns: a [`Part`], its facets each a [`Facet`] with the key and
+//! value it came from.
 
 use crate::allocation::ForeignCdiDevice;
 use crate::allocation::devices::Resolved;

@@ -10,10 +10,10 @@
 //! as a pod annotation does, with the pod's whole amount.
 
 use super::super::AllocationError;
+use super::super::container_dialects::{Facet, Part};
 use super::super::devices::{resolve_list, split_list};
-use super::super::dialects::{Facet, Part};
 use super::super::input::Inputs;
-use super::parse_uint;
+use super::number::parse_uint;
 use crate::config::{Config, Dialect, MemoryUnit};
 use crate::inventory::Inventory;
 use crate::kubelet::ContainerRecord;
@@ -40,8 +40,8 @@ pub fn read(
 ) -> Result<Part, AllocationError> {
     let mut part = Part::new(Dialect::Gpushare);
     let ann = &inputs.annotations;
-    for (k, v) in ann.range(super::super::dialects::ALIYUN_PREFIX.to_string()..) {
-        if !k.starts_with(super::super::dialects::ALIYUN_PREFIX) {
+    for (k, v) in ann.range(super::super::container_dialects::ALIYUN_PREFIX.to_string()..) {
+        if !k.starts_with(super::super::container_dialects::ALIYUN_PREFIX) {
             break;
         }
         if !KNOWN.contains(&k.as_str()) {

@@ -7,15 +7,16 @@
 //! with the env dialects like every other pair.
 
 use super::AllocationError;
-use super::dialects::Part;
+use super::container_dialects::Part;
 use super::input::Inputs;
 use crate::config::{Config, Dialect};
 use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
 
-pub mod gpushare;
-pub mod hami;
-pub mod kai;
+pub mod gpushare_pod;
+pub mod hami_pod;
+pub mod kai_pod;
+mod number;
 
 /// The parts of the enabled scheduler annotation dialects. `record` is kubelet's record of this
 /// container (trust-env = "kubelet"), used to tell which container of a pod-wide annotation
@@ -32,21 +33,13 @@ pub fn read(
     let ac = &config.allocation;
     let mut parts = Vec::new();
     if ac.enabled(Dialect::Hami) {
-        parts.push(hami::read(inputs, inv, identity.as_ref(), record)?);
+        parts.push(hami_pod::read(inputs, inv, identity.as_ref(), record)?);
     }
     if ac.enabled(Dialect::Gpushare) {
-        parts.push(gpushare::read(inputs, inv, config, record)?);
+        parts.push(gpushare_pod::read(inputs, inv, config, record)?);
     }
     if ac.enabled(Dialect::Kai) {
-        parts.push(kai::read(inputs, inv, identity.as_ref())?);
+        parts.push(kai_pod::read(inputs, inv, identity.as_ref())?);
     }
     Ok(parts)
-}
-
-/// A whole number of at most 19 digits.
-pub(crate) fn parse_uint(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }

@@ -1,6 +1,6 @@
 //! HAMi: NVIDIA_VISIBLE_DEVICES (UUIDs) + CUDA_DEVICE_MEMORY_LIMIT_<i> + CUDA_DEVICE_SM_LIMIT.
 
-use super::nvidia::{NVIDIA_VISIBLE_DEVICES, failure_marker, nvd_requests_nothing};
+use super::nvidia_env::{NVIDIA_VISIBLE_DEVICES, failure_marker, nvd_requests_nothing};
 use super::{Facet, Part};
 use crate::allocation::AllocationError;
 use crate::allocation::devices::{resolve_list, split_list};

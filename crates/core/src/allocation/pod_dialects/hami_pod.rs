@@ -9,11 +9,11 @@
 //! for it) picks the group, and without that record the container is refused rather than given
 //! another container's slice.
 
+use super::super::container_dialects::{Facet, Part};
 use super::super::devices::resolve_list;
-use super::super::dialects::{Facet, Part};
 use super::super::input::Inputs;
 use super::super::{AllocationError, short};
-use super::parse_uint;
+use super::number::parse_uint;
 use crate::config::Dialect;
 use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
@@ -98,7 +98,7 @@ fn select<'a>(
             // The record's values are compared with the annotation's later (agree.rs).
             Some(r) => Ok(r
                 .env()?
-                .contains_key(super::super::dialects::NVIDIA_VISIBLE_DEVICES)
+                .contains_key(super::super::container_dialects::NVIDIA_VISIBLE_DEVICES)
                 .then(|| &groups[0])),
         };
     }
@@ -111,13 +111,13 @@ fn select<'a>(
         ));
     };
     let env = record.env()?;
-    let Some((nvd, _)) = env.get(super::super::dialects::NVIDIA_VISIBLE_DEVICES) else {
+    let Some((nvd, _)) = env.get(super::super::container_dialects::NVIDIA_VISIBLE_DEVICES) else {
         // kubelet recorded no GPU for this container: it is one of the empty groups.
         return Ok(None);
     };
     let uuids: Vec<&str> = nvd.split(',').map(str::trim).collect();
     let memory = |i: usize| {
-        env.get(format!("{}_{i}", super::super::dialects::HAMI_MEMORY).as_str())
+        env.get(format!("{}_{i}", super::super::container_dialects::HAMI_MEMORY).as_str())
             .and_then(|(v, _)| crate::quantity::parse_hami_bytes(v).ok())
     };
     let matches: Vec<&Vec<Device>> = groups

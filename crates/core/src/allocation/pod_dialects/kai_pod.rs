@@ -7,8 +7,8 @@
 //! Annotations of other containers of the pod are ignored; an unknown key for this container is
 //! refused (a typo must not drop a limit).
 
+use super::super::container_dialects::{Facet, Part};
 use super::super::devices::{resolve_list, split_list};
-use super::super::dialects::{Facet, Part};
 use super::super::input::Inputs;
 use super::super::{AllocationError, short};
 use crate::config::Dialect;

@@ -1,6 +1,6 @@
 //! Aliyun gpushare.
 
-use super::nvidia::{NVIDIA_VISIBLE_DEVICES, failure_marker};
+use super::nvidia_env::{NVIDIA_VISIBLE_DEVICES, failure_marker};
 use super::{Facet, Part};
 use crate::allocation::AllocationError;
 use crate::allocation::devices::{resolve_list, split_list};

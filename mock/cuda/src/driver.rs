@@ -1,0 +1,94 @@
+//! What every entry point of the mock driver stands on: CUDA's handle types and return codes,
+//! the process's state (`cuInit` builds it: the devices this process sees, their allocations, the
+//! driver limits), the current context per thread, the guard no panic crosses, the out-pointer
+//! write and the macro that lists the exports `cuGetProcAddress` resolves.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock};
+
+use crate::limits;
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// One CUDA device as this process sees it.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) uuid: [u8; 16],
+    pub(crate) total: u64,
+    pub(crate) used: AtomicU64,
+    /// Lane of the node-wide device timeline (GPU minor, MIG instance).
+    pub(crate) lane: usize,
+}
+
+pub(crate) struct State {
+    pub(crate) driver_version: c_int,
+    pub(crate) devices: Vec<Device>,
+    /// (kind, handle) → (device, bytes)
+    pub(crate) allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
+    pub(crate) next_ptr: AtomicU64,
+    pub(crate) next_handle: AtomicU64,
+    /// Driver memory limits and MPS client limits (limits.rs).
+    pub(crate) limits: limits::Limits,
+}
+
+pub(crate) static STATE: OnceLock<Result<State, String>> = OnceLock::new();
+
+thread_local! {
+    pub(crate) static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Context handles are `CTX_BASE + device` (never 0).
+pub(crate) const CTX_BASE: usize = 0x0c7c_0000;
+
+pub(crate) fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(CUDA_ERROR_UNKNOWN)
+}
+
+pub(crate) fn state() -> Result<&'static State, CUresult> {
+    match STATE.get() {
+        Some(Ok(s)) => Ok(s),
+        Some(Err(_)) => Err(CUDA_ERROR_NO_DEVICE),
+        None => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+pub(crate) fn current_device(s: &State) -> Result<usize, CUresult> {
+    let c = CURRENT.with(Cell::get);
+    if c < CTX_BASE || c - CTX_BASE >= s.devices.len() {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    Ok(c - CTX_BASE)
+}
+
+pub(crate) unsafe fn put<T>(out: *mut T, v: T) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller passed a valid out-pointer (checked non-null).
+    unsafe { out.write(v) };
+    CUDA_SUCCESS
+}
+
+macro_rules! table {
+    ($($f:ident),* $(,)?) => {
+        vec![$((stringify!($f), $f as *const std::ffi::c_void as usize)),*]
+    };
+}
+pub(crate) use table;
