@@ -10,10 +10,11 @@
 #   nri-nogpu the same containerd with the plugin, no GPU (the plugin's round trip alone)
 # Two containerds because a connected plugin sees every container of its runtime. Then the
 # create path alone: `gpufence nri`'s decision (CreateContainer → adjustment) from the plugin's
-# log, and whether any gpufence process runs per container (the ld-cache hook).
+# log, and whether any gpufence process runs per container (the ld-cache hook, with
+# runtime.driver-layout = "files" only).
 #
 # Usage (root): benches/cri_appliers.sh [RUNS]   (default 15; BIN_DIR as benches/runtime.sh;
-# PY, default target/venv/bin/python). The GPU pods carry `gpufence.dev/devices: 1` with
+# PY, default target/venv/bin/python; DRIVER_LAYOUT=files|folders as benches/node_config.py). The GPU pods carry `gpufence.dev/devices: 1` with
 # `allocation.trust-annotations = true` (no kubelet here to record them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +67,9 @@ config() {
 }
 start() {
   local d=$1
-  CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$E/containerd" --config "$d/config.toml" >"$d/log" 2>&1 &
+  # GPUFENCE_PHASES: gpufence-runtime (the handler arm, started through containerd's runc shim)
+  # times its create path into the state dir (crates/runc-wrapper/src/phases.rs).
+  GPUFENCE_PHASES="$S/state/phases.txt" CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$E/containerd" --config "$d/config.toml" >"$d/log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do "$E/ctr" --address "$d/containerd.sock" version >/dev/null 2>&1 && return; sleep 0.2; done
   cat "$d/log" >&2; exit 1
@@ -98,10 +101,27 @@ echo "appliers bench: pod start through containerd $("$E/containerd" --version |
 "$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
   "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
   "nri (no GPU):runc@$B/containerd.sock"
+echo "create path alone (gpufence-runtime in the handler arm, from start to the exec of runc; GPUFENCE_PHASES):"
+python3 - "$S/state/phases.txt" <<'PY'
+import statistics as st, sys
+rows = []
+for l in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else []:
+    f = dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv)
+    if "main_at" in f and "exec_at" in f:
+        rows.append(("folders" in f, (int(f["exec_at"]) - int(f["main_at"])) / 1000, int(f.get("cpu", 0)) / 1000))
+for gpu, what in ((True, "GPU container"), (False, "pod sandbox")):
+    r = [x for x in rows if x[0] == gpu]
+    if r:
+        print(f"  {what}: {st.median(x[1] for x in r):.2f} ms in the wrapper (cpu {st.median(x[2] for x in r):.2f} ms), {len(r)} creates")
+if not rows:
+    print("  (no phase lines: the shim did not pass GPUFENCE_PHASES on)")
+PY
 echo "create path alone (gpufence nri's decision per container, from gpufence's log):"
 grep -o 'decided in [0-9.]* ms' "$S/gpufence.log" | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  median %.2f ms over %d decisions\n", a[int((NR+1)/2)], NR; else print "  (no timing lines in the plugin log)"}'
 updated=$(grep -c 'ld cache updated' "$S/gpufence.log" || true)
 inproc=$(grep -c 'ld cache refreshed before runc' "$S/gpufence.log" || true)
 nri_gpu=$(grep -c 'NRI: adjustment decided' "$S/gpufence.log" || true)
+layout=$(grep -c 'driver files mounted as folders' "$S/gpufence.log" || true)
 echo "gpufence processes per container: the handler arm 0 besides gpufence-runtime itself ($inproc in-process ld cache writes);"
-echo "  the NRI arm one createContainer hook (gpufence hook update-ldcache) per GPU container: $((updated - inproc)) hook runs for $nri_gpu adjustments"
+echo "  the NRI arm: $((updated - inproc)) createContainer hook runs (gpufence hook update-ldcache) for $nri_gpu adjustments"
+echo "  (none with runtime.driver-layout = \"folders\", the default: LD_LIBRARY_PATH names the library folder; $layout folder layouts settled)"

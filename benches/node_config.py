@@ -3,8 +3,8 @@
 file with state-dir, gpufence-binary and the [runtime], [shim], [log] tables set) and a warm
 inventory cache. Usage: node_config.py S BIN_DIR RUNC [STATE_DIR]; prints the gpufence.toml path
 (STATE_DIR defaults to S/state; the runtime bench puts it on a tmpfs, as /run/gpufence is).
-With DRIVER_LAYOUT=folders in the environment, runtime.driver-layout is set and the prepared
-folders go to S/driver-folders."""
+The prepared driver folders go to S/driver-folders; DRIVER_LAYOUT=files|folders in the
+environment sets runtime.driver-layout (the default: folders)."""
 import os, re, subprocess, sys
 s, bindir, runc = sys.argv[1:4]
 state = sys.argv[4] if len(sys.argv) > 4 else f"{s}/state"
@@ -31,9 +31,9 @@ for l in lines:
         seen_table = True
     (rest if seen_table else top).append(l)
 top += [f'state-dir = "{state}"', f'gpufence-binary = "{bindir}/gpufence"']
-layout = []
-if os.environ.get("DRIVER_LAYOUT"):  # runtime.driver-layout, prepared folders beside the node
-    layout = [f'driver-layout = "{os.environ["DRIVER_LAYOUT"]}"', f'driver-folders = "{s}/driver-folders"']
+layout = [f'driver-folders = "{s}/driver-folders"']  # beside the node, on its filesystem
+if os.environ.get("DRIVER_LAYOUT"):  # runtime.driver-layout
+    layout.append(f'driver-layout = "{os.environ["DRIVER_LAYOUT"]}"')
 rest += ["[runtime]", f'path = "{runc}"'] + layout + ["[shim]", f'library = "{bindir}/libgpufence.so"',
          "[log]", f'file = "{s}/gpufence.log"', 'level = "info"']
 open(out, "w").write("\n".join(top + rest) + "\n")

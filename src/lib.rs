@@ -27,7 +27,7 @@ pub use gpufence_core::{
 };
 
 // The node mechanisms (crates/node), likewise.
-pub use gpufence_node::{cgroup, driverlimits, enter, hostfiles, state};
+pub use gpufence_node::{cgroup, driverfolders, driverlimits, enter, hostfiles, state};
 
 // Engine configuration and install (crates/engines), and the appliers and readers.
 pub use gpufence_cdigen as cdigen;

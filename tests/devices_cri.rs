@@ -429,7 +429,7 @@ fn pod(
     if a == Applier::Handler {
         extra["handler"] = "gpufence".into();
     }
-    cri_support::request(py, &c.sock, &w.s, name, &probe(), extra)
+    cri_support::request(py, c, &w.s, name, &probe(), extra)
 }
 
 /// Exactly the GPUs of `gpus` openable (ENXIO: a node with no driver behind it), every other
@@ -492,8 +492,8 @@ fn assert_refused(r: &serde_json::Value, want: &[&str]) {
 fn scenarios(py: &Path, c: &Containerd, w: &World, a: Applier) {
     let cdi = |ids: &[String]| serde_json::json!({"cdi_devices": ids});
     let dev_spec = |n: &str| {
-        serde_json::json!({"container": format!("/dev/{n}"), "host": w.dev.join(n),
-            "permissions": "rw"})
+        serde_json::json!({"container_path": format!("/dev/{n}"),
+            "host_path": w.dev.join(n), "permissions": "rw"})
     };
 
     // (a) A DRA claim narrowed to 4 GiB by gpufence's annotation.

@@ -50,6 +50,32 @@ fn check_file(rel: &Path, actual: &str) {
     }
 }
 
+/// The driver folders' directory is named by the driver files' identities (inodes, mtimes):
+/// `driver-folders/<version>-<16 hex digits>` reads `driver-folders/<version>-HASH`.
+fn unhash(s: &str) -> String {
+    const AT: &str = "driver-folders/";
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(AT) {
+        let (head, tail) = rest.split_at(i + AT.len());
+        out.push_str(head);
+        let name_end = tail.find(['/', '"', '\n']).unwrap_or(tail.len());
+        let name = &tail[..name_end];
+        match name.rsplit_once('-') {
+            Some((version, hash))
+                if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                out.push_str(version);
+                out.push_str("-HASH");
+            }
+            _ => out.push_str(name),
+        }
+        rest = &tail[name_end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[test]
 fn cdi_spec_is_pinned() {
     if common::skip_unless(&[]) {
@@ -63,7 +89,7 @@ fn cdi_spec_is_pinned() {
         .unwrap()
         .display()
         .to_string();
-    let normalise = |s: String| s.replace(&sim, "/SIM").replace(&bin, "/BIN");
+    let normalise = |s: String| unhash(&s.replace(&sim, "/SIM").replace(&bin, "/BIN"));
 
     let yaml = normalise(generate(&cfg, "yaml"));
     check("cdi-2gpu-mig1.yaml", &yaml);
@@ -97,7 +123,12 @@ fn cdi_examples_are_what_the_generator_writes() {
             .display()
             .to_string();
         let as_on_a_node = |s: String| {
-            s.replace(&format!("{sim}/driver/"), "/")
+            unhash(&s)
+                .replace(
+                    &format!("{sim}/driver-folders/"),
+                    "/var/lib/gpufence/driver-folders/",
+                )
+                .replace(&format!("{sim}/driver/"), "/")
                 .replace(&format!("{sim}/config.toml"), "/etc/gpufence/config.toml")
                 .replace(&format!("{sim}/dev/"), "/dev/")
                 .replace(&format!("{bin}/gpufence"), "/usr/bin/gpufence")

@@ -4,8 +4,11 @@
 //! * `/dev/nvidia1` opens with ENXIO (allowed by the device cgroup; a fake node has no driver),
 //! * no other `/dev/nvidiaN` exists,
 //! * the driver files are mounted read-only,
-//! * the ldcache createContainer hook made `dlopen("libnvidia-ml.so.1")` work (a C program built
-//!   with gcc), and the mock NVML inside sees exactly one GPU; the simulated `nvidia-smi` runs.
+//! * `dlopen("libnvidia-ml.so.1")` works (a C program built with gcc) in an image with its own ld
+//!   cache, and the mock NVML inside sees exactly one GPU; the simulated `nvidia-smi` runs —
+//!   with the default layout (`folders`) through `LD_LIBRARY_PATH` naming the library folder, no
+//!   process per container; with `runtime.driver-layout = "files"` through the ldcache
+//!   createContainer hook. Each against a control: the same spec without that edit fails.
 //!
 //! The CDI kind is fixed (`gpufence.dev/gpu`) and two spec files defining the same device at the
 //! same priority make podman drop both; so this test renames the kind in the generated file to
@@ -94,11 +97,31 @@ fn podman_consumes_generated_spec() {
     if common::skip_unless(&["podman", "runc", "gcc"]) {
         return;
     }
-    let scratch = common::scratch("podman-cdi");
+    consume("folders");
+    consume("files");
+}
+
+/// The generated spec with `runtime.driver-layout = layout`, consumed by podman.
+fn consume(layout: &str) {
+    let folders = layout == "folders";
+    // Short: podman refuses a runroot over 50 characters.
+    let scratch = common::scratch(if folders { "podman-cdi" } else { "podman-cdf" });
     let node = scratch.join("node");
     let cfg = common::sim_node(&node, 2, None);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text.replace(
+        "[runtime]",
+        &format!("[runtime]\ndriver-layout = \"{layout}\""),
+    );
+    assert!(text.contains("driver-layout"), "{text}");
+    std::fs::write(&cfg, text).unwrap();
 
     let rootfs = common::glibc_rootfs(&scratch);
+    // An image with its own ld cache (the build host's).
+    if Path::new("/etc/ld.so.cache").is_file() {
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        std::fs::copy("/etc/ld.so.cache", rootfs.join("etc/ld.so.cache")).unwrap();
+    }
     let src = scratch.join("dltest.c");
     std::fs::write(&src, DLTEST_C).unwrap();
     let (rc, _, err) = common::run(
@@ -139,9 +162,10 @@ fn podman_consumes_generated_spec() {
     let script = r#"
 for n in /dev/nvidia*; do echo "NODE $n"; done
 dd if=/dev/nvidia1 of=/dev/null bs=1 count=1 2>&1 | head -1 | sed 's/^/OPEN1 /'
-ls /usr/lib/x86_64-linux-gnu/ | sed 's/^/LIB /'
-grep -E ' /usr/lib/x86_64-linux-gnu/libnvidia-ml.so[^ ]* ' /proc/self/mounts | sed 's/^/MOUNT /'
-cat /etc/ld.so.conf.d/00-gpufence.conf | sed 's/^/CONF /'
+ls /usr/lib/x86_64-linux-gnu/ /usr/local/nvidia/lib64/ 2>/dev/null | sed 's/^/LIB /'
+grep -E ' (/usr/lib/x86_64-linux-gnu/libnvidia-ml.so[^ ]*|/usr/local/nvidia/lib64) ' /proc/self/mounts | sed 's/^/MOUNT /'
+cat /etc/ld.so.conf.d/00-gpufence.conf 2>/dev/null | sed 's/^/CONF /'
+echo "LLP $LD_LIBRARY_PATH"
 /bin/dltest || true
 /usr/bin/nvidia-smi | sed 's/^/SMI /'
 echo END
@@ -163,12 +187,25 @@ echo END
         )
     };
 
-    // Control: the same spec without the ldcache hook (under a test-only kind) leaves the
-    // library unresolvable by soname — so the positive result below is the hook's doing.
+    // Control: the same spec without the ldcache hook, or without LD_LIBRARY_PATH (under a
+    // test-only kind), leaves the library unresolvable by soname — so the positive result
+    // below is that edit's doing.
     let mut nohook: gpufence::cdi::Spec =
         yaml_serde::from_str(&std::fs::read_to_string(&spec.path).unwrap()).unwrap();
-    assert_eq!(nohook.container_edits.hooks.len(), 1);
-    nohook.container_edits.hooks.clear();
+    if folders {
+        assert!(
+            nohook.container_edits.hooks.is_empty(),
+            "no hook: {nohook:?}"
+        );
+        assert_eq!(
+            nohook.container_edits.env,
+            ["LD_LIBRARY_PATH=/usr/local/nvidia/lib64"]
+        );
+        nohook.container_edits.env.clear();
+    } else {
+        assert_eq!(nohook.container_edits.hooks.len(), 1);
+        nohook.container_edits.hooks.clear();
+    }
     nohook.kind = "gpufence-test.dev/nohook".to_string();
     let nohook_path = PathBuf::from(format!("{}-nohook.yaml", spec.path.display()));
     std::fs::write(&nohook_path, yaml_serde::to_string(&nohook).unwrap()).unwrap();
@@ -213,6 +250,7 @@ echo END
         "libnvidia-ml.so.580.65.06",
         "libcuda.so.580.65.06",
         "libnvidia-ml.so.1",
+        "libcuda.so.1",
         "gpufence-mock-node.json",
     ] {
         assert!(out.contains(&format!("LIB {lib}")), "{lib} missing:\n{out}");
@@ -225,13 +263,21 @@ echo END
         mount.contains(" ro,") || mount.contains(" ro "),
         "driver file mounted read-only: {mount}"
     );
-    assert!(
-        out.contains("CONF /usr/lib/x86_64-linux-gnu"),
-        "ld.so.conf.d drop-in:\n{out}"
-    );
+    if folders {
+        assert!(mount.contains(" /usr/local/nvidia/lib64 "), "{mount}");
+        assert!(
+            out.contains("LLP /usr/local/nvidia/lib64") && !out.contains("CONF "),
+            "LD_LIBRARY_PATH, no ld cache refresh:\n{out}"
+        );
+    } else {
+        assert!(
+            out.contains("CONF /usr/lib/x86_64-linux-gnu"),
+            "ld.so.conf.d drop-in:\n{out}"
+        );
+    }
     assert!(
         out.contains("DLOPEN OK init=0 count_rc=0 count=1"),
-        "dlopen through the ld cache:\n{out}\n{err}"
+        "dlopen by soname:\n{out}\n{err}"
     );
     assert!(
         out.contains("SMI GPU 0: NVIDIA H100 80GB HBM3") && out.contains("memory.total=81559MiB"),
@@ -239,7 +285,12 @@ echo END
     );
     assert!(!out.contains("SMI GPU 1"), "one GPU only:\n{out}");
     assert!(out.contains("END"));
-    // The hook logged its decision with the container id.
+    // The hook logged its decision with the container id; with the folders layout no gpufence
+    // process ran.
     let log = std::fs::read_to_string(node.join("gpufence.log")).unwrap_or_default();
-    assert!(log.contains("ld cache updated"), "hook log:\n{log}");
+    assert_eq!(
+        log.contains("ld cache updated"),
+        !folders,
+        "hook log:\n{log}"
+    );
 }

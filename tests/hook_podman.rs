@@ -267,7 +267,7 @@ impl Drop for Env {
 
 const PROBE: &str = "cat /dev/nvidia0 2>&1; cat /tmp/gpu1 2>&1; \
     echo PRELOAD=$(cat /etc/ld.so.preload 2>&1); \
-    ls /usr/lib/x86_64-linux-gnu/ 2>&1 | grep -c libcuda.so.580 ; \
+    ls /usr/lib/x86_64-linux-gnu/ /usr/local/nvidia/lib64/ 2>/dev/null | grep -c libcuda.so.580 ; \
     cat /run/gpufence/quota 2>&1; echo x > /run/gpufence/quota 2>&1 || echo QUOTA-RO; \
     test -s /etc/ld.so.cache && echo LDCACHE-PRESENT; true";
 
@@ -359,6 +359,13 @@ fn attack_lib_dir_symlink_to_root() {
     let Some(e) = setup("hook-podman-libroot") else {
         return;
     };
+    // Each library at its own path (the `files` layout), under the image's symlinked folder.
+    let text = std::fs::read_to_string(&e.config).unwrap();
+    std::fs::write(
+        &e.config,
+        text.replace("[runtime]", "[runtime]\ndriver-layout = \"files\""),
+    )
+    .unwrap();
     std::fs::create_dir_all(e.rootfs.join("usr/lib")).unwrap();
     std::os::unix::fs::symlink("/", e.rootfs.join("usr/lib/x86_64-linux-gnu")).unwrap();
     let etc = host_digest();

@@ -78,10 +78,16 @@ struct Case {
     libs: Vec<(String, String)>,
 }
 
-/// A node, a glibc bundle running `nvidia-smi`, and where its driver libraries go.
+/// A node, a glibc bundle running `nvidia-smi`, and where its driver libraries go. The `files`
+/// layout: each library bound at its own path, the layout whose ld cache the createContainer
+/// hook refreshes (the folders layout's cache is written by the same code, in-process).
 fn case(tag: &str) -> Case {
     let s = common::scratch(tag);
-    let n = node(&s, 2, &[]);
+    let n = node(
+        &s,
+        2,
+        &[("runtime.driver-layout", toml_edit::value("files"))],
+    );
     let b = bundle(
         &s,
         "b",

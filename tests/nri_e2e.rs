@@ -39,11 +39,31 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cri_support::{
-    Containerd, NriProcess, containerd_config, prerequisites, request as pod, spawn_nri,
+    Containerd, NriProcess, containerd_config, prerequisites, spawn_nri, start_containerd23,
     state_dirs, wait_registered,
 };
 use gpufence::nri::api::{ContainerAdjustment, KeyValue, Mount};
 use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Stopper, Transport, api};
+
+/// One pod with the default runtime (runc 1.5.1) through the CRI socket `sock`; `extra` adds
+/// request fields.
+fn pod(
+    py: &Path,
+    sock: &Path,
+    s: &Path,
+    name: &str,
+    command: &str,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut req = serde_json::json!({
+        "socket": sock, "handler": "", "dir": s, "name": name,
+        "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        req[k] = v.clone();
+    }
+    cri_support::client(py, &req)
+}
 
 /// A pod without GPU request running `command`: it must run; its output.
 fn runs(py: &Path, sock: &Path, s: &Path, name: &str, command: &str) -> String {
@@ -493,9 +513,18 @@ fn gpu1_node(
     let (s, node) = kubelet_gpu1_node(name, pods);
     let cdir = s.join("containerd");
     let config = containerd_config(bin, &cdir, &["gpufence"]);
-    let c = cri_support::start_containerd23(bin, &cdir, &config);
+    let c = start_containerd23(bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     (s, node, cdir, config, c)
+}
+
+/// How many times `gpufence hook update-ldcache` refreshed a container's ld cache (its log line).
+fn ldcache_hook_runs(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("ld cache updated"))
+        .count()
 }
 
 /// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device
@@ -538,17 +567,27 @@ fn nri_enforces_the_plan() {
         "nri-plan",
         &["gpu-pod", "shim-pod", "long-pod", "new-pod"],
     );
-    // A glibc image with the mock CUDA client (tests/fixtures/cuda_client.c).
+    // A glibc image with the mock CUDA client (tests/fixtures/cuda_client.c), its own ld cache
+    // (the build host's) and its own LD_LIBRARY_PATH: the driver must still be found, after the
+    // image's own folders, with no ld cache hook (the folders layout).
     let rootfs = common::glibc_rootfs(&s.join("image-src-cuda"));
     let ubin = rootfs.join("usr/local/bin");
     std::fs::create_dir_all(&ubin).unwrap();
     std::fs::copy(&harness::clients().0, ubin.join("cuda_client")).unwrap();
+    std::fs::create_dir_all(rootfs.join("opt/app/lib")).unwrap();
+    if Path::new("/etc/ld.so.cache").is_file() {
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        std::fs::copy("/etc/ld.so.cache", rootfs.join("etc/ld.so.cache")).unwrap();
+    }
     cri_support::import_rootfs(
         &s,
         &c,
         "cuda",
         &rootfs,
-        &["PATH=/bin:/usr/bin:/usr/local/bin"],
+        &[
+            "PATH=/bin:/usr/bin:/usr/local/bin",
+            "LD_LIBRARY_PATH=/opt/app/lib",
+        ],
     );
 
     let nri_sock = cdir.join("nri.sock");
@@ -568,10 +607,12 @@ fn nri_enforces_the_plan() {
     );
     assert_fenced_to_gpu1(&r, 2 << 30);
 
-    // The shim holds the quota: the mock CUDA client, found through the ld cache the
-    // createContainer hook refreshed, is held to 100 MiB.
+    // The shim holds the quota: the mock CUDA client, its driver found through the library
+    // folder that LD_LIBRARY_PATH names after the image's own entry, is held to 100 MiB; no
+    // gpufence process ran for it (no createContainer hook).
     let quota = 100u64 << 20;
-    let script = "C=/usr/local/bin/cuda_client; $C dlsym where info fill 1048576 free; echo done";
+    let hooks_before = ldcache_hook_runs(&node.log);
+    let script = "echo \"llp $LD_LIBRARY_PATH\"; C=/usr/local/bin/cuda_client; $C dlsym where info fill 1048576 free; echo done";
     let r = pod(
         &py,
         &c.sock,
@@ -582,6 +623,16 @@ fn nri_enforces_the_plan() {
     );
     assert_eq!(r["stage"], "done", "{r}");
     let out = r["log"].as_str().unwrap();
+    assert_eq!(
+        harness::field(out, "llp"),
+        ["/opt/app/lib:/usr/local/nvidia/lib64"],
+        "{out}"
+    );
+    assert_eq!(
+        ldcache_hook_runs(&node.log),
+        hooks_before,
+        "no ld cache hook ran"
+    );
     assert!(out.contains("where cuMemAlloc_v2 libgpufence.so"), "{out}");
     assert_eq!(
         harness::field(out, "info"),
@@ -1079,7 +1130,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     drop(c);
     signal(&plugin, Signal::SIGCONT);
     let t0 = now_ns();
-    let c = cri_support::start_containerd23(&bin, &cdir, &config);
+    let c = start_containerd23(&bin, &cdir, &config);
     bounds.push((
         "containerd restarted",
         fenced_within(&late.join().unwrap(), t0),

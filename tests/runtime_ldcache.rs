@@ -89,7 +89,13 @@ fn ld_cache_refreshed_before_runc_without_a_hook() {
         return;
     }
     let s = common::scratch("rt-ldc");
-    let n = node(&s, 2, &[]);
+    // Each library at its own path (the `files` layout), so the cache names the image's own
+    // library folder; tests/runtime_folders.rs covers the folders layout's cache.
+    let n = node(
+        &s,
+        2,
+        &[("runtime.driver-layout", toml_edit::value("files"))],
+    );
     let b = bundle(
         &s,
         "b",

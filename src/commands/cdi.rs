@@ -21,11 +21,14 @@ pub enum Cmd {
 }
 
 /// The spec of the node as it is now: the inventory (from its cache when valid) with device
-/// numbers re-read from `dev-root`.
-pub fn node_spec(cfg: &Config) -> Result<crate::cdi::Spec, Exit> {
+/// numbers re-read from `dev-root`, the driver files as `runtime.driver-layout` says (the
+/// folders made when `mode` is `Prepare`).
+pub fn node_spec(cfg: &Config, mode: crate::driverfolders::Mode) -> Result<crate::cdi::Spec, Exit> {
     let mut inv = crate::inventory::load(cfg)?;
     crate::inventory::refresh_device_numbers(&mut inv, cfg)?;
-    Ok(generate::generate(&inv, cfg))
+    let mut driver = generate::driver_plan(&inv);
+    crate::driverfolders::settle(cfg, &mut driver, &generate::foldable(&inv), None, mode);
+    Ok(generate::generate_with(&inv, cfg, &driver))
 }
 
 pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
@@ -43,7 +46,7 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
                     dir: dir.to_path_buf(),
                 }));
             }
-            let spec = node_spec(&cfg)?;
+            let spec = node_spec(&cfg, crate::driverfolders::Mode::Prepare)?;
             if !spec.container_edits.hooks.is_empty() && !cfg.gpufence_binary.is_file() {
                 eprintln!(
                     "gpufence: warning: gpufence-binary {} does not exist: containers using this spec will fail at its ldcache hook",
@@ -74,7 +77,7 @@ pub fn run(config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
             Ok(())
         }
         Cmd::List => {
-            let spec = node_spec(&cfg)?;
+            let spec = node_spec(&cfg, crate::driverfolders::Mode::Name)?;
             let mut out = generate::qualified_names(&spec).join("\n");
             out.push('\n');
             print!("{out}");

@@ -68,7 +68,7 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         }
     };
     let load = |cfg: &Config| crate::inventory::load(cfg).map_err(|e| e.to_string());
-    let intake = intake(
+    let mut intake = intake(
         &cfg,
         &spec,
         &id,
@@ -80,6 +80,8 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         tracing::warn!(container = %id, error = %e, "allocation refused");
         Exit::invalid(e)
     })?;
+    // The driver folders' directory named, not made: a dry run changes nothing.
+    crate::driverfolders::settle_intake(&cfg, &mut intake, crate::driverfolders::Mode::Name);
     let (plan, cdi_errors) = (intake.plan, intake.cdi_errors);
     tracing::info!(
         container = %id,
@@ -310,10 +312,15 @@ fn render_edits(s: &mut String, p: &Plan) {
         let gids: Vec<String> = e.additional_gids.iter().map(|g| g.to_string()).collect();
         let _ = writeln!(s, "additional gids: {}", gids.join(","));
     }
-    if let Some(l) = &p.ld_cache {
+    if let Some(l) = p.layout_ld_cache() {
+        let nri = if p.driver_folders.is_some() {
+            "NRI: LD_LIBRARY_PATH"
+        } else {
+            "NRI: a createContainer hook"
+        };
         let _ = writeln!(
             s,
-            "ld cache: refreshed for {} (runtime: before runc, in-process; hook: in the container's namespace; NRI and CDI: a createContainer hook)",
+            "ld cache: refreshed for {} (runtime: before runc, in-process; hook: in the container's namespace; {nri})",
             l.folders.join(", ")
         );
     }
@@ -325,7 +332,7 @@ fn render_edits(s: &mut String, p: &Plan) {
         };
         let _ = writeln!(
             s,
-            "driver layout \"folders\" (gpufence-runtime): {} driver file binds served by {} folder binds from {} ({state}; per-file binds if it cannot be made):",
+            "driver layout \"folders\": {} driver file binds served by {} folder binds from {} ({state}; per-file binds if it cannot be made):",
             f.files, f.folders, f.dir
         );
         for m in &f.mounts {
@@ -339,6 +346,12 @@ fn render_edits(s: &mut String, p: &Plan) {
         }
         for v in &f.env {
             let _ = writeln!(s, "  env {v}");
+        }
+        if let Some(v) = &f.library_path {
+            let _ = writeln!(
+                s,
+                "  env {v} (NRI only; the runtime and hook mode write the ld cache)"
+            );
         }
     }
 }

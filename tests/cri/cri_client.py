@@ -6,13 +6,14 @@ REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": 
                "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
                "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate",
-               "devices": [{"host": "/dev/x", "container": "/dev/x", "permissions": "rw"}],
-               "cdi_devices": ["vendor/class=name"]}
+               "cdi_devices": ["vendor/class=name"],
+               "devices": [{"container_path": "/dev/x", "host_path": "/dev/x", "permissions": "rw"}]}
 "started_file": created once StartContainer returned. "finished_at" (answer): when the
 container exited, ns since the epoch.
-"devices": what kubelet passes from a device plugin's Allocate (CRI `devices`); "cdi_devices":
-its CDI devices and a DRA claim's CDI ids (CRI `CDI_devices`). While the
-container runs, a runtime that goes away (a restart) is waited for until the timeout.
+cdi_devices and devices: what kubelet passes for a device plugin's CDI devices and DeviceSpecs
+and a DRA claim's CDI ids (CRI ContainerConfig.CDI_devices and .devices; a device's paths may
+also be given as "container"/"host"). While the container runs, a runtime that goes away (a
+restart) is waited for until the timeout.
 Prints one JSON object: {"stage": "done"|"<failed stage>", "error": "...", "exit_code": N,
                          "log": "<container output>", "sandbox_id": ..., "container_id": ...}
 The pod is stopped and removed before exiting, whatever happened.
@@ -83,7 +84,11 @@ def main():
             annotations=req.get("container_annotations", {}),
             log_path="app.log",
             devices=[
-                pb.Device(container_path=d["container"], host_path=d["host"], permissions=d.get("permissions", "rw"))
+                pb.Device(
+                    container_path=d.get("container_path", d.get("container")),
+                    host_path=d.get("host_path", d.get("host")),
+                    permissions=d.get("permissions", "rw"),
+                )
                 for d in req.get("devices", [])
             ],
             CDI_devices=[pb.CDIDevice(name=n) for n in req.get("cdi_devices", [])],

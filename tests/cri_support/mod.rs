@@ -510,14 +510,14 @@ pub fn start_containerd23(bin: &Path, dir: &Path, config: &Path) -> Containerd {
 /// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
 pub fn request(
     py: &Path,
-    sock: &Path,
+    c: &Containerd,
     s: &Path,
     name: &str,
     command: &str,
     extra: serde_json::Value,
 ) -> serde_json::Value {
     let mut req = serde_json::json!({
-        "socket": sock, "handler": "", "dir": s, "name": name,
+        "socket": c.sock, "handler": "", "dir": s, "name": name,
         "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
     });
     for (k, v) in extra.as_object().unwrap() {

@@ -143,6 +143,7 @@ echo "quota_mem=$(grep '^device.0.memory=' /run/gpufence/quota 2>/dev/null | cut
 echo "quota_uuid=$(grep '^device.0.uuid=' /run/gpufence/quota 2>/dev/null | cut -d= -f2)"
 (echo x >> /run/gpufence/quota) 2>/dev/null && echo quota_write=ALLOWED || echo quota_write=DENIED
 lib=$(grep -o ' [^ ]*libnvidia-ml.so[^ ]* [^ ]* [^ ]*' /proc/mounts | head -1)
+[ -z "$lib" ] && grep -q ' /usr/local/nvidia/lib64 ' /proc/mounts && lib="$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.* | head -1) $(grep ' /usr/local/nvidia/lib64 ' /proc/mounts | head -1 | cut -d' ' -f3,4)"
 echo "nvml_mount=$lib"
 f=$(echo $lib | cut -d' ' -f1); [ -n "$f" ] && { (echo x >> "$f") 2>/dev/null && echo lib_write=ALLOWED || echo lib_write=DENIED; }
 echo "env_mem=$GPUFENCE_MEMORY_LIMIT_0"

@@ -1,15 +1,20 @@
 //! The node's CDI spec: one device per GPU (by index and by `GPU-<uuid>`), per MIG device (by
-//! `N:M` and `MIG-<uuid>`) and `all`; common edits with the control nodes, the driver files
-//! (read-only bind mounts) and the ldcache createContainer hook. Every edit is built with the
-//! plan's helpers, so CDI and the runtime give containers the same things.
+//! `N:M` and `MIG-<uuid>`) and `all`; common edits with the control nodes and the driver files.
+//! Every edit is built with the plan's helpers, so CDI and the runtime give containers the same
+//! things. The driver files as the layout says ([`driver_plan`]):
+//! * `folders` (the default, where the node made the folders): one read-only bind per folder,
+//!   binaries at their own paths (a CDI env edit replaces the image's `PATH`, so it is not
+//!   extended), and `LD_LIBRARY_PATH` naming the library folder — no process per container;
+//! * `files`: every driver file bound read-only at its own path, and the ldcache createContainer
+//!   hook.
 
 use std::path::{Path, PathBuf};
 
 use crate::cdi::parse::minimum_version;
 use crate::cdi::{ContainerEdits, Device, KIND, Spec};
 use crate::config::Config;
-use crate::inventory::{DeviceNode, Gpu, Inventory};
-use crate::plan::{device_node_edit, driver_mounts, ldcache_hook, library_dirs};
+use crate::inventory::{DeviceNode, FileKind, Gpu, Inventory};
+use crate::plan::{LdCache, Plan, device_node_edit, driver_mounts, ldcache_hook, library_dirs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
@@ -60,8 +65,37 @@ fn gpu_nodes(g: &Gpu) -> Vec<DeviceNode> {
     vec![g.node.clone()]
 }
 
-/// The CDI spec of this node.
+/// The node's driver files as a plan, pure: every file bound read-only at its own path, the ld
+/// cache folders. The host side (`gpufence cdi generate`) settles its driver folders
+/// (`gpufence_node::driverfolders::settle` over [`foldable`]) before [`generate_with`] renders it.
+pub fn driver_plan(inv: &Inventory) -> Plan {
+    let dirs = library_dirs(&inv.driver_files);
+    Plan {
+        container_id: "cdi".to_string(),
+        ld_cache: (!dirs.is_empty()).then_some(LdCache { folders: dirs }),
+        edits: crate::cdi::ContainerEdits {
+            mounts: driver_mounts(&inv.driver_files),
+            ..Default::default()
+        },
+        ..Plan::default()
+    }
+}
+
+/// What the spec may fold: the driver files but the binaries (their folder would need `PATH`,
+/// and a CDI env edit replaces the image's).
+pub fn foldable(inv: &Inventory) -> Inventory {
+    let mut out = inv.clone();
+    out.driver_files.retain(|f| f.kind != FileKind::Binary);
+    out
+}
+
+/// The CDI spec of this node with the `files` layout (pure).
 pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
+    generate_with(inv, cfg, &driver_plan(inv))
+}
+
+/// The CDI spec of this node, its driver files as `driver` ([`driver_plan`]) lays them out.
+pub fn generate_with(inv: &Inventory, cfg: &Config, driver: &Plan) -> Spec {
     let mut devices = Vec::new();
     for g in &inv.gpus {
         for name in [g.index.to_string(), g.uuid.clone()] {
@@ -96,10 +130,14 @@ pub fn generate(inv: &Inventory, cfg: &Config) -> Spec {
     }
 
     let mut common = edits(inv.control_nodes.iter().cloned());
-    common.mounts = driver_mounts(&inv.driver_files);
-    let dirs = library_dirs(&inv.driver_files);
-    if !dirs.is_empty() {
-        common.hooks.push(ldcache_hook(cfg, &dirs));
+    common.mounts = driver.layout_mounts().to_vec();
+    match &driver.driver_folders {
+        Some(f) => common.env.extend(f.library_path.iter().cloned()),
+        None => {
+            if let Some(l) = &driver.ld_cache {
+                common.hooks.push(ldcache_hook(cfg, &l.folders));
+            }
+        }
     }
     let mut spec = Spec {
         cdi_version: String::new(),

@@ -83,6 +83,9 @@ pub fn nodes_as_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError
 #[derive(Debug)]
 pub struct LdcacheRun {
     pub folders: Vec<String>,
+    /// The driver folders' binaries linked at their host paths (a convenience: hook mode cannot
+    /// extend `PATH`), `(path in the container, link target)`.
+    pub links: Vec<(String, String)>,
 }
 
 fn dev_kind(
@@ -165,7 +168,7 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
 /// mode (defence in depth here: a symlink at a target is replaced, not followed, but its parent
 /// directories resolve inside the rootfs through the image's symlinks).
 pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
-    let mut edits: Vec<&crate::cdi::MountEdit> = plan.edits.mounts.iter().collect();
+    let mut edits: Vec<&crate::cdi::MountEdit> = plan.layout_mounts().iter().collect();
     edits.sort_by_key(|m| crate::plan::mount_order(&m.container_path));
     let mut out = Vec::new();
     for m in edits {
@@ -222,6 +225,21 @@ fn run_ldcache(sys: &dyn NsSys, l: &LdcacheRun, rootfs: &Path, id: &str) -> Resu
         .refresh_ldcache(rootfs, &l.folders)
         .map_err(|e| HookError::Ldcache(e.to_string()))?;
     crate::enter::ldcache::log_outcome(id, rootfs, &l.folders, &o);
+    if !l.links.is_empty() {
+        match sys.link_binaries(rootfs, &l.links) {
+            Ok(linked) => {
+                info!(
+                    container = id,
+                    linked,
+                    of = l.links.len(),
+                    "driver binaries linked at their host paths"
+                )
+            }
+            Err(e) => {
+                warn!(container = id, error = %e, "driver binaries not linked at their host paths")
+            }
+        }
+    }
     Ok(())
 }
 
@@ -377,6 +395,10 @@ mod tests {
             ],
             ldcache: Some(LdcacheRun {
                 folders: vec!["/usr/lib64".into()],
+                links: vec![(
+                    "/usr/bin/nvidia-smi".into(),
+                    "/usr/local/nvidia/bin/nvidia-smi".into(),
+                )],
             }),
             userns_root: userns,
         }
@@ -418,6 +440,10 @@ mod tests {
                 },
                 NsCall::RestrictCaps(crate::enter::caps::LDCACHE.to_vec()),
                 NsCall::RefreshLdcache(vec!["/usr/lib64".into()]),
+                NsCall::LinkBinaries(vec![(
+                    "/usr/bin/nvidia-smi".into(),
+                    "/usr/local/nvidia/bin/nvidia-smi".into()
+                )]),
             ]
         );
     }

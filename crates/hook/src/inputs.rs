@@ -35,7 +35,11 @@ pub fn plan(
         })
     };
     match intake(cfg, spec, id, load, &CdiSource::of(cfg), None) {
-        Ok(i) => Ok((i.plan, i.inventory.device_majors(), i.request)),
+        Ok(mut i) => {
+            // The driver folders, named and (once per driver) made on the host side.
+            crate::driverfolders::settle_intake(cfg, &mut i, crate::driverfolders::Mode::Prepare);
+            Ok((i.plan, i.inventory.device_majors(), i.request))
+        }
         Err(IntakeError::Allocation {
             error,
             inventory: None,

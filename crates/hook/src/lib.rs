@@ -17,7 +17,7 @@ pub mod state;
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
 use gpufence_core::{allocation, backend, cdi, child, config, exit, inventory, logging, plan};
 use gpufence_node::state as node_state;
-use gpufence_node::{cgroup, driverlimits, enter, hostfiles};
+use gpufence_node::{cgroup, driverfolders, driverlimits, enter, hostfiles};
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -318,7 +318,7 @@ fn open_ns(pid: i64) -> Result<OwnedFd, HookError> {
 pub(crate) fn ldcache_run(
     plan: &crate::plan::Plan,
 ) -> Result<Option<apply::LdcacheRun>, HookError> {
-    let folders = match &plan.ld_cache {
+    let folders = match plan.layout_ld_cache() {
         Some(l) => Some(l.folders.clone()),
         None => plan
             .edits
@@ -326,7 +326,12 @@ pub(crate) fn ldcache_run(
             .iter()
             .find_map(crate::plan::ldcache_hook_folders),
     };
-    Ok(folders.map(|folders| apply::LdcacheRun { folders }))
+    let links = plan
+        .driver_folders
+        .as_ref()
+        .map(|f| f.folding.binary_links())
+        .unwrap_or_default();
+    Ok(folders.map(|folders| apply::LdcacheRun { folders, links }))
 }
 
 /// `gpufence hook poststop`: remove the container's state directory.

@@ -15,10 +15,16 @@
 //!   repeats a key the plan sets is refused, unless the last occurrence (the one runc keeps)
 //!   needs no change: the plan's value, or an `NVIDIA_VISIBLE_DEVICES` that requests no device
 //!   (a CUDA image's `all` then the `void` of a DRA driver's CDI spec);
-//! * hooks → `hooks` by stage: the ld-cache refresh ([`crate::plan::ldcache_hook`] for
-//!   `plan.ld_cache`, createContainer) first, then the plan's own (e.g. the driver memory-limits
-//!   createRuntime hook);
-//! * `driver_folders` is rendered by `gpufence-runtime` only: NRI keeps the per-file binds.
+//! * hooks → `hooks` by stage: the plan's own (e.g. the driver memory-limits createRuntime hook),
+//!   after the ld-cache refresh where one is needed (below);
+//! * the driver folders (`runtime.driver-layout = "folders"`, the default, where the node made
+//!   them: [`crate::plan::folders::DriverFolders`]) in place of the per-file driver binds: their
+//!   mounts, `PATH` naming the binaries' folder, and `LD_LIBRARY_PATH` naming the library folder
+//!   after the container's own entries — how the driver is found by soname without a process per
+//!   container (CreateContainer comes before the rootfs is mounted, so the plugin cannot write
+//!   the ld cache as `gpufence-runtime` does). With the `files` layout (or where the folders
+//!   could not be made) the per-file binds and the createContainer hook
+//!   ([`crate::plan::ldcache_hook`] for `plan.ld_cache`) that refreshes the ld cache, first.
 //!
 //! A plan NRI cannot express (supplementary groups) is refused, never half applied.
 
@@ -76,10 +82,14 @@ pub fn render(
             ..Default::default()
         });
     }
-    let ld_hook = plan
-        .ld_cache
-        .as_ref()
-        .map(|l| crate::plan::ldcache_hook(cfg, &l.folders));
+    // The folders layout names the library folder in LD_LIBRARY_PATH instead (env below).
+    let ld_hook = match &plan.driver_folders {
+        Some(_) => None,
+        None => plan
+            .ld_cache
+            .as_ref()
+            .map(|l| crate::plan::ldcache_hook(cfg, &l.folders)),
+    };
     Ok(ContainerAdjustment {
         env: env(plan, ctr)?,
         mounts: mounts(plan, ctr)?,
@@ -118,11 +128,22 @@ fn rule(r: &CgroupRule) -> LinuxDeviceCgroup {
     }
 }
 
-/// The plan's env then its overrides, one entry per key (the last value), in first-seen order.
+/// The plan's env, the driver folders' (`PATH`, `LD_LIBRARY_PATH`), then the plan's overrides,
+/// one entry per key (the last value), in first-seen order.
 fn env(plan: &Plan, ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
     let mut order: Vec<&str> = Vec::new();
     let mut values: BTreeMap<&str, &str> = BTreeMap::new();
-    for e in plan.edits.env.iter().chain(&plan.env_overrides) {
+    let folders = plan
+        .driver_folders
+        .iter()
+        .flat_map(|f| f.env.iter().chain(&f.library_path));
+    for e in plan
+        .edits
+        .env
+        .iter()
+        .chain(folders)
+        .chain(&plan.env_overrides)
+    {
         let (k, v) = e.split_once('=').unwrap_or((e.as_str(), ""));
         if values.insert(k, v).is_none() {
             order.push(k);
@@ -173,7 +194,7 @@ fn repeated_is_settled(key: &str, plan: &str, last: &str) -> bool {
 }
 
 /// Removals of the container's mounts at reserved destinations (when the plan mounts its
-/// state), then the plan's mounts in its order.
+/// state), then the plan's mounts in its order (the driver folders' where settled).
 fn mounts(plan: &Plan, ctr: &Container) -> Result<Vec<Mount>, AdjustError> {
     let mut out = Vec::new();
     if plan.state_dir.is_some() {
@@ -194,7 +215,7 @@ fn mounts(plan: &Plan, ctr: &Container) -> Result<Vec<Mount>, AdjustError> {
             });
         }
     }
-    out.extend(plan.edits.mounts.iter().map(mount));
+    out.extend(plan.layout_mounts().iter().map(mount));
     Ok(out)
 }
 
@@ -526,6 +547,63 @@ mod tests {
         assert_eq!(
             render(&cfg(), &p, &ctr(&[], &[])).unwrap_err(),
             AdjustError::HookStage("bogus".into())
+        );
+    }
+
+    /// The folders layout: folder binds in place of the per-file ones, `PATH` and
+    /// `LD_LIBRARY_PATH` naming the folders, and no ld cache hook (no process per container).
+    #[test]
+    fn driver_folders_replace_the_file_binds_and_the_ld_cache_hook() {
+        let mut p = gpu_plan();
+        let folder = MountEdit {
+            host_path: "/var/lib/gpufence/driver-folders/580-0123/lib".into(),
+            container_path: crate::plan::folders::LIB_FOLDER.into(),
+            kind: None,
+            options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        };
+        let mut mounts = vec![folder];
+        mounts.extend(p.edits.mounts[1..].iter().cloned());
+        p.driver_folders = Some(crate::plan::folders::DriverFolders {
+            mounts,
+            env: vec!["PATH=/bin:/usr/local/nvidia/bin".into()],
+            library_path: Some("LD_LIBRARY_PATH=/opt/lib:/usr/local/nvidia/lib64".into()),
+            ..Default::default()
+        });
+        let a = render(
+            &cfg(),
+            &p,
+            &ctr(&["PATH=/bin", "LD_LIBRARY_PATH=/opt/lib"], &[]),
+        )
+        .unwrap();
+        let dests: Vec<&str> = a.mounts.iter().map(|m| m.destination.as_str()).collect();
+        assert_eq!(
+            dests,
+            [
+                "/usr/local/nvidia/lib64",
+                "/run/gpufence",
+                "/run/gpufence/quota"
+            ]
+        );
+        let kv: Vec<(&str, &str)> = a
+            .env
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        assert_eq!(
+            kv[3..],
+            [
+                ("PATH", "/bin:/usr/local/nvidia/bin"),
+                ("LD_LIBRARY_PATH", "/opt/lib:/usr/local/nvidia/lib64"),
+            ]
+        );
+        let h = a.hooks.unwrap();
+        assert!(h.create_container.is_empty(), "no ld cache hook: {h:?}");
+        assert_eq!(h.create_runtime.len(), 1, "the plan's own hooks stay");
+        // A container repeating LD_LIBRARY_PATH is refused, as for any key the plan sets.
+        let c = ctr(&["LD_LIBRARY_PATH=/a", "LD_LIBRARY_PATH=/b"], &[]);
+        assert_eq!(
+            render(&cfg(), &p, &c).unwrap_err(),
+            AdjustError::DuplicateEnv("LD_LIBRARY_PATH".into())
         );
     }
 

@@ -63,7 +63,7 @@ impl PlanHandler {
         }
         let request = super::request::inputs(pod, ctr)
             .map_err(|e| (Reason::Allocation, format!("container {id}: {e}")))?;
-        let intake = crate::plan::intake::intake_request(
+        let mut intake = crate::plan::intake::intake_request(
             &self.cfg,
             request,
             id,
@@ -75,6 +75,11 @@ impl PlanHandler {
         if intake.sandbox.is_some() {
             return Ok(ContainerAdjustment::default());
         }
+        crate::driverfolders::settle_intake(
+            &self.cfg,
+            &mut intake,
+            crate::driverfolders::Mode::Prepare,
+        );
         let plan = &intake.plan;
         crate::plan::log_decision(id, plan);
         let adjustment = super::adjust::render(&self.cfg, plan, ctr)

@@ -17,7 +17,7 @@ pub mod request;
 
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
 use gpufence_core::{allocation, cdi, config, exit, fsutil, inventory, kubelet, plan, text};
-use gpufence_node::{cgroup, hostfiles, state};
+use gpufence_node::{cgroup, driverfolders, hostfiles, state};
 
 pub use gpufence_nri_stub::{
     DEFAULT_SOCKET, ENV_INDEX, ENV_NAME, ENV_SOCKET, Gone, Handler, NRI_VERSION, NriError, Plugin,

@@ -15,14 +15,12 @@ use std::process::Command;
 
 use crate::config::Config;
 use crate::exit::Exit;
-use crate::plan::Plan;
 use crate::plan::intake::{CdiSource, IntakeError};
 use crate::real_runtime::real_runtime;
 use crate::state::refusals::Reason;
 
 pub mod apply;
 pub mod args;
-pub mod folders;
 pub mod ldcache;
 pub mod phases;
 pub mod runclog;
@@ -31,7 +29,7 @@ pub mod runclog;
 use gpufence_core::{
     allocation, cdi, config, exit, fsutil, inventory, logging, plan, real_runtime, text,
 };
-use gpufence_node::{enter, hostfiles, state};
+use gpufence_node::{driverfolders, enter, hostfiles, state};
 
 pub use apply::{ApplyError, apply_to_spec};
 
@@ -135,7 +133,7 @@ fn prepare_create(
     crate::logging::init(cfg);
     mark("log");
     let mut inventory_us = None;
-    let intake = crate::plan::intake::intake(
+    let mut intake = crate::plan::intake::intake(
         cfg,
         &spec,
         id,
@@ -168,17 +166,18 @@ fn prepare_create(
     if intake.sandbox.is_some() {
         return Ok(());
     }
-    let (plan, request) = (&intake.plan, &intake.request);
     mark("plan");
+    // The driver folders, named and (once per driver) made on the host: one pass.
+    crate::driverfolders::settle_intake(cfg, &mut intake, crate::driverfolders::Mode::Prepare);
+    mark("folders");
+    let (plan, request) = (&intake.plan, &intake.request);
     crate::plan::log_decision(id, plan);
     mark("logline");
-    let folders = prepare_driver_folders(cfg, plan, &intake.inventory, id);
-    mark("folders");
+    let folders = plan.driver_folders.as_ref();
 
     // The ld cache is refreshed here, not by a createContainer hook in runc (ldcache.rs), unless
     // the container has a user namespace.
-    let ld_cache = folders.map_or(plan.ld_cache.as_ref(), |f| f.ld_cache.as_ref());
-    let mounts = folders.map_or(plan.edits.mounts.as_slice(), |f| f.mounts.as_slice());
+    let (ld_cache, mounts) = (plan.layout_ld_cache(), plan.layout_mounts());
     let folding = folders.map(|f| &f.folding);
     let (refresh, hook) = ldcache::render(cfg, ld_cache, request, &bundle, mounts, folding, id)?;
     let render = apply::Render {
@@ -210,42 +209,6 @@ fn prepare_create(
     }
     mark("spec");
     Ok(())
-}
-
-/// The plan's driver folders ([`crate::plan::folders::DriverFolders`]), prepared on the host
-/// ([`folders::prepare`]): `Some` when the runtime renders them, `None` (per-file binds, the
-/// plan's own edits) when the plan has none or they cannot be prepared as the plan named them.
-fn prepare_driver_folders<'p>(
-    cfg: &Config,
-    plan: &'p Plan,
-    inventory: &crate::inventory::Inventory,
-    id: &str,
-) -> Option<&'p crate::plan::folders::DriverFolders> {
-    let f = plan.driver_folders.as_ref()?;
-    match folders::prepare(
-        &cfg.runtime.driver_folders,
-        &inventory.driver_version,
-        &f.folding,
-    ) {
-        Ok(dir) if dir.as_os_str() == std::ffi::OsStr::new(&f.dir) => {
-            tracing::info!(
-                container = id,
-                folder = %dir.display(),
-                files = f.files,
-                folders = f.folders,
-                "driver files mounted as folders"
-            );
-            Some(f)
-        }
-        Ok(dir) => {
-            tracing::warn!(container = id, planned = %f.dir, prepared = %dir.display(), "driver files changed since the plan: mounted one by one");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
-            None
-        }
-    }
 }
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).

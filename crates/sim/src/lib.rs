@@ -24,6 +24,7 @@
 //! DIR/driver/lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
 //! DIR/node.json                            the node description (GPUFENCE_MOCK_NODE format)
 //! DIR/state/                               gpufence state-dir
+//! DIR/driver-folders/                      runtime.driver-folders (the folders layout's hard links)
 //! DIR/config.toml                          points gpufence at all of the above
 //! ```
 //!
@@ -415,11 +416,14 @@ pub fn build_node(dir: &Path, spec: &NodeSpec, art: &Artifacts) -> Result<PathBu
     t.insert("nvml-library".into(), s(&lib.join("libnvidia-ml.so.1")));
     t.insert("state-dir".into(), s(&state));
     t.insert("gpufence-binary".into(), s(&art.gpufence));
+    // The driver folders (hard links of the driver's files) beside the simulated driver: on its
+    // filesystem, never in the host's /var/lib.
+    let mut r = toml::Table::new();
+    r.insert("driver-folders".into(), s(&dir.join("driver-folders")));
     if let Some(runc) = find_on_path("runc") {
-        let mut r = toml::Table::new();
         r.insert("path".into(), s(&runc));
-        t.insert("runtime".into(), toml::Value::Table(r));
     }
+    t.insert("runtime".into(), toml::Value::Table(r));
     let mut shim = toml::Table::new();
     shim.insert("library".into(), s(&art.shim));
     t.insert("shim".into(), toml::Value::Table(shim));

@@ -26,7 +26,7 @@ pub mod replicas;
 pub mod spec_devices;
 pub mod types;
 
-pub use error::AllocationError;
+pub use error::{AllocationError, MAX_WHY};
 pub use types::{
     AllocatedDevice, Allocation, DeviceRef, FacetSource, ForeignCdiDevice, Intake, Origin,
 };

@@ -81,7 +81,7 @@ impl Default for Config {
 pub struct RuntimeConfig {
     /// The real OCI runtime; `None` means the first of `runc`, `crun` on PATH.
     pub path: Option<PathBuf>,
-    /// How `gpufence-runtime` mounts driver libraries, binaries and firmware.
+    /// How every applier mounts driver libraries, binaries and firmware.
     pub driver_layout: DriverLayout,
     /// Host directory where the `folders` layout keeps its prepared folders (hard links of the
     /// driver's own files; must be on the driver's filesystem).
@@ -103,13 +103,15 @@ impl Default for RuntimeConfig {
 #[serde(rename_all = "lowercase")]
 pub enum DriverLayout {
     /// Every driver file bound read-only at its own path, as on the host (as NVIDIA's toolkit
-    /// does): every tool finds every file where it expects it.
-    #[default]
+    /// does): every tool finds every file where it expects it; `gpufence nri` and the CDI spec
+    /// refresh the ld cache with a createContainer hook (`gpufence hook update-ldcache`).
     Files,
     /// One read-only bind per folder: libraries at `/usr/local/nvidia/lib64`, binaries at
-    /// `/usr/local/nvidia/bin` (appended to `PATH`), firmware at its own folder; runc makes a
-    /// handful of mounts instead of one per file. Files named by absolute host paths
-    /// (`/usr/bin/nvidia-smi`) are not there.
+    /// `/usr/local/nvidia/bin` (appended to `PATH`; the runtime and hook mode also link them at
+    /// their host paths), firmware at its own folder; runc makes a handful of mounts instead of
+    /// one per file, and no applier runs a process per container for the ld cache (`gpufence
+    /// nri` and the CDI spec name the library folder in `LD_LIBRARY_PATH`). The default.
+    #[default]
     Folders,
 }
 

@@ -1,27 +1,28 @@
-//! The `folders` driver layout (`runtime.driver-layout = "folders"`), its decision part: the
-//! plan's read-only driver file binds folded into one bind per folder, so runc makes a handful of
-//! mounts instead of one per file (each read-only bind is two mount calls in runc, plus a mount
-//! target created in the image's overlay — the bulk of what runc itself spends on a GPU
-//! container). Used by `gpufence-runtime` (which prepares the host side,
-//! `src/runtime/folders.rs`) and by `gpufence plan` (which shows it, changing nothing).
+//! The `folders` driver layout (`runtime.driver-layout = "folders"`, the default), its decision
+//! part, pure: the plan's read-only driver file binds folded into one bind per folder, so the
+//! runtime makes a handful of mounts instead of one per file (each read-only bind is two mount
+//! calls in runc, plus a mount target created in the image's overlay — the bulk of what runc
+//! itself spends on a GPU container). Every applier renders it: `gpufence-runtime` (the spec),
+//! hook mode (the container's namespace), `gpufence nri` (the adjustment) and the CDI spec.
 //!
-//! * [`fold`] (pure) decides: the libraries of the plan's main library folder go to
-//!   [`LIB_FOLDER`], its binaries to [`BIN_FOLDER`], its firmware to the firmware's own folder
-//!   (the same paths as on the host); read-only data files in the library folder go with the
-//!   libraries, read-write files there (the simulated node's device timeline) are bound over an
-//!   empty placeholder inside the folder. Sockets, config files elsewhere and libraries of other
-//!   folders keep their own binds. Nothing is folded unless at least two mounts are saved.
-//! * [`folder_dir`] (reads metadata only) names the host directory that holds the folders: the
-//!   driver version and a hash of every file's identity (device, inode, size, mtime), so a driver
-//!   upgrade (new inodes) gives a new name. Only regular files qualify (a symlinked driver file
-//!   is refused, never followed).
-//! * [`Folding::layout`] (pure) renders the plan with the folders: its mounts, its ld cache
-//!   folders, and [`BIN_FOLDER`] appended to the process `PATH` — a [`DriverFolders`] the plan
-//!   carries beside its per-file edits ([`decide`], at the front door), which only
-//!   `gpufence-runtime` renders.
+//! * [`fold`] decides: the libraries of the plan's main library folder go to [`LIB_FOLDER`], its
+//!   binaries to [`BIN_FOLDER`], its firmware to the firmware's own folder (the same paths as on
+//!   the host); read-only data files in the library folder go with the libraries, read-write
+//!   files there (the simulated node's device timeline) are bound over an empty placeholder
+//!   inside the folder. Sockets, config files elsewhere and libraries of other folders keep their
+//!   own binds. Nothing is folded unless at least two mounts are saved.
+//! * [`folder_name`] names the host directory that holds the folders from the driver version and
+//!   every member's identity (device, inode, size, mtime), so a driver upgrade (new inodes) gives
+//!   a new name. The identities are the caller's: this module reads nothing. The host side —
+//!   reading the identities, making the directory of hard links — is the node's
+//!   (`gpufence_node::driverfolders`), which sets [`crate::plan::Plan::driver_folders`] once the
+//!   directory is named (or made) on this host.
+//! * [`Folding::layout`] renders the plan with the folders: its mounts, its ld cache folders, and
+//!   [`BIN_FOLDER`] appended to the process `PATH` — a [`DriverFolders`] the plan carries beside
+//!   its per-file edits, which stay the plan's own (the `files` layout, and the fallback where the
+//!   directory cannot be made).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::cdi::MountEdit;
@@ -37,49 +38,41 @@ pub const BIN_FOLDER: &str = "/usr/local/nvidia/bin";
 /// `PATH` when the spec sets none (runc's and Docker's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Why a folder could not be prepared (the container then gets the `files` layout).
-#[derive(Debug, thiserror::Error)]
-pub enum FolderError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {why}")]
-    Unsafe { path: PathBuf, why: &'static str },
+/// The container's env the layout extends (`PATH`, `LD_LIBRARY_PATH`; the first value of each).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ContainerEnv<'a> {
+    pub path: Option<&'a str>,
+    pub ld_library_path: Option<&'a str>,
 }
 
-pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
-    move |source| FolderError::Io {
-        path: path.to_path_buf(),
-        source,
+impl<'a> ContainerEnv<'a> {
+    /// The request's `PATH` and `LD_LIBRARY_PATH`.
+    pub fn of(request: &'a crate::allocation::input::Inputs) -> ContainerEnv<'a> {
+        ContainerEnv {
+            path: request.path(),
+            ld_library_path: request.env_first("LD_LIBRARY_PATH"),
+        }
     }
 }
 
-/// The plan's driver layout (`runtime.driver-layout`), decided at the front door once the rest
-/// of the plan is made: `Ok(None)` for the `files` layout or when folding saves too little,
-/// `Err` (why, for the plan's notes) when the folders cannot be named — the plan then keeps
-/// per-file binds. Reads the driver files' metadata (to name the prepared directory by their
-/// identities), nothing else; `path` is the request's `PATH`.
-pub fn decide(
-    plan: &Plan,
-    inventory: &Inventory,
-    cfg: &crate::config::Config,
-    path: Option<&str>,
-) -> Result<Option<DriverFolders>, FolderError> {
-    if cfg.runtime.driver_layout != crate::config::DriverLayout::Folders {
-        return Ok(None);
+/// `current` with each of `dirs` it lacks appended (`:`-separated); `None` when it has them all.
+fn appended(current: &str, dirs: &[String]) -> Option<String> {
+    let missing: Vec<&str> = dirs
+        .iter()
+        .map(String::as_str)
+        .filter(|d| !current.split(':').any(|p| p == *d))
+        .collect();
+    if missing.is_empty() {
+        return None;
     }
-    let Some(folding) = fold(plan, inventory) else {
-        return Ok(None);
-    };
-    let FolderDir { path: dir, .. } = folder_dir(
-        &cfg.runtime.driver_folders,
-        &inventory.driver_version,
-        &folding,
-    )?;
-    let prepared = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
-    Ok(Some(folding.layout(plan, &dir, path, prepared)))
+    let mut v = current.to_string();
+    for d in missing {
+        if !v.is_empty() {
+            v.push(':');
+        }
+        v.push_str(d);
+    }
+    Some(v)
 }
 
 fn folder_of(p: &str) -> Option<(&str, &str)> {
@@ -212,73 +205,62 @@ fn version_part(v: &str) -> String {
     }
 }
 
-/// The directory `runtime.driver-folders`, created 0755 when absent; refused unless it is a
-/// real directory owned by this user (root) and writable by no one else.
 /// Bumped whenever the content of a prepared directory changes shape, so a new gpufence never
 /// reuses an old one's.
 const LAYOUT_VERSION: &str = "gpufence driver folders v1";
 
-/// A prepared directory's name, and the (device, inode) of each member in folder order, for
-/// checking that what gets linked is what was named.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FolderDir {
-    pub path: PathBuf,
-    pub ids: Vec<(u64, u64)>,
+/// What names a member file: its identity on the host (`stat`), read by the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
 }
 
-/// Where the prepared directory for `folding` is, or will be, under `root`
-/// (`runtime.driver-folders`): named by the driver version and a hash of every member's identity
-/// (device, inode, size, mtime). Reads metadata only; refuses a member that is not a regular file.
-pub fn folder_dir(
-    root: &Path,
-    driver_version: &str,
-    folding: &Folding,
-) -> Result<FolderDir, FolderError> {
+/// The prepared directory's name for `folding` (`<version>-<hash>`), from the driver version and
+/// `ids`, one per member in folder order (as [`Folding::members`] lists them).
+pub fn folder_name(driver_version: &str, folding: &Folding, ids: &[FileIdentity]) -> String {
     let mut id = LAYOUT_VERSION.as_bytes().to_vec();
-    let mut ids = Vec::new();
+    let mut ids = ids.iter();
     for f in &folding.folders {
         id.extend_from_slice(f.name.as_bytes());
         for m in &f.members {
-            let md = std::fs::symlink_metadata(&m.host).map_err(io(&m.host))?;
-            if !md.file_type().is_file() {
-                return Err(FolderError::Unsafe {
-                    path: m.host.clone(),
-                    why: "not a regular file (a driver file is linked, never followed)",
-                });
-            }
+            let Some(md) = ids.next() else { break };
             let line = format!(
                 "\0{}\0{:?}\0{}:{}:{}:{}:{}\0",
-                m.name,
-                m.soname,
-                md.dev(),
-                md.ino(),
-                md.size(),
-                md.mtime(),
-                md.mtime_nsec()
+                m.name, m.soname, md.dev, md.ino, md.size, md.mtime, md.mtime_nsec
             );
             id.extend_from_slice(line.as_bytes());
-            ids.push((md.dev(), md.ino()));
         }
         for p in &f.placeholders {
             id.extend_from_slice(format!("\0placeholder\0{p}").as_bytes());
         }
     }
-    let version = version_part(driver_version);
-    Ok(FolderDir {
-        path: root.join(format!("{version}-{:016x}", crate::fnv::fnv1a64(&id))),
-        ids,
-    })
+    format!(
+        "{}-{:016x}",
+        version_part(driver_version),
+        crate::fnv::fnv1a64(&id)
+    )
 }
 
 impl Folding {
+    /// Every member's host file, in folder order (the order [`folder_name`] takes identities in).
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.folders.iter().flat_map(|f| f.members.iter())
+    }
+
     /// The plan rendered with the folders of `prepared` (pure): the plan's mounts with the folded
     /// file binds replaced by folder binds, its ld cache folders renamed, `PATH` naming the
-    /// binaries' folder; `path` is the request's current `PATH` value, if any.
+    /// binaries' folder and `LD_LIBRARY_PATH` naming the ld cache's folders. `env` is the
+    /// container's own (`None` where no container is known — a CDI spec: then no `PATH`, whose
+    /// value would replace the image's, and `LD_LIBRARY_PATH` holds the folders alone).
     pub fn layout(
         &self,
         plan: &Plan,
         prepared: &Path,
-        path: Option<&str>,
+        env: Option<ContainerEnv>,
         is_prepared: bool,
     ) -> DriverFolders {
         let first = self.folded.first().copied().unwrap_or(0);
@@ -323,20 +305,24 @@ impl Folding {
             }
             LdCache { folders }
         });
-        let mut env = Vec::new();
-        if self.folders.iter().any(|f| f.container == BIN_FOLDER) {
-            let current = path.unwrap_or(DEFAULT_PATH);
-            if !current.split(':').any(|p| p == BIN_FOLDER) {
-                let sep = if current.is_empty() { "" } else { ":" };
-                env.push(format!("PATH={current}{sep}{BIN_FOLDER}"));
-            }
+        let mut path_env = Vec::new();
+        if let Some(e) = &env
+            && self.folders.iter().any(|f| f.container == BIN_FOLDER)
+            && let Some(v) = appended(e.path.unwrap_or(DEFAULT_PATH), &[BIN_FOLDER.to_string()])
+        {
+            path_env.push(format!("PATH={v}"));
         }
+        let library_path = ld_cache.as_ref().and_then(|l| {
+            let current = env.as_ref().and_then(|e| e.ld_library_path).unwrap_or("");
+            appended(current, &l.folders).map(|v| format!("LD_LIBRARY_PATH={v}"))
+        });
         DriverFolders {
             dir: prepared.display().to_string(),
             prepared: is_prepared,
             mounts: out,
             ld_cache,
-            env,
+            env: path_env,
+            library_path,
             files: self.folded.len(),
             folders: self.folders.len(),
             folding: self.clone(),
@@ -469,7 +455,11 @@ mod tests {
         });
         let before = plan.clone();
         let f = fold(&plan, &inv).unwrap();
-        let l = f.layout(&plan, Path::new("/prep/v-1"), Some("/usr/bin:/bin"), false);
+        let env = ContainerEnv {
+            path: Some("/usr/bin:/bin"),
+            ld_library_path: Some("/opt/app/lib"),
+        };
+        let l = f.layout(&plan, Path::new("/prep/v-1"), Some(env), false);
         assert_eq!(plan, before, "the plan is not changed");
         let dest: Vec<&str> = l.mounts.iter().map(|m| m.container_path.as_str()).collect();
         assert_eq!(
@@ -492,6 +482,11 @@ mod tests {
             [LIB_FOLDER, "/usr/lib/i386-linux-gnu"]
         );
         assert_eq!(l.env, [format!("PATH=/usr/bin:/bin:{BIN_FOLDER}")]);
+        // The image's own LD_LIBRARY_PATH first, as it comes before the ld cache.
+        assert_eq!(
+            l.library_path.as_deref(),
+            Some("LD_LIBRARY_PATH=/opt/app/lib:/usr/local/nvidia/lib64:/usr/lib/i386-linux-gnu")
+        );
         assert_eq!((l.dir.as_str(), l.prepared), ("/prep/v-1", false));
         assert_eq!((l.files, l.folders), (f.folded.len(), f.folders.len()));
         assert_eq!(
@@ -502,21 +497,63 @@ mod tests {
             )
         );
 
-        // PATH already naming the folder is left alone; no PATH at all gets the default.
-        let (inv, plan) = node("/host");
+        // A CDI spec (no container known): no PATH, whose value would replace the image's;
+        // LD_LIBRARY_PATH the folders alone.
+        let cdi = f.layout(&plan, Path::new("/p"), None, true);
+        assert!(cdi.env.is_empty());
+        assert_eq!(
+            cdi.library_path.as_deref(),
+            Some("LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/lib/i386-linux-gnu")
+        );
+
+        // PATH and LD_LIBRARY_PATH already naming the folders are left alone (NVIDIA's CUDA
+        // images); no PATH at all gets the default.
+        let (inv, mut plan) = node("/host");
+        plan.ld_cache = Some(LdCache {
+            folders: vec![L.to_string()],
+        });
         let f = fold(&plan, &inv).unwrap();
         let path = format!("{BIN_FOLDER}:/bin");
-        assert!(
-            f.layout(&plan, Path::new("/p"), Some(&path), true)
-                .env
-                .is_empty()
-        );
+        let cuda = ContainerEnv {
+            path: Some(&path),
+            ld_library_path: Some("/usr/local/nvidia/lib:/usr/local/nvidia/lib64"),
+        };
+        let l = f.layout(&plan, Path::new("/p"), Some(cuda), true);
+        assert!(l.env.is_empty() && l.library_path.is_none(), "{l:?}");
+        let bare = f.layout(&plan, Path::new("/p"), Some(ContainerEnv::default()), true);
+        assert_eq!(bare.env, [format!("PATH={DEFAULT_PATH}:{BIN_FOLDER}")]);
         assert_eq!(
-            f.layout(&plan, Path::new("/p"), None, true).env,
-            [format!("PATH={DEFAULT_PATH}:{BIN_FOLDER}")]
+            bare.library_path.as_deref(),
+            Some("LD_LIBRARY_PATH=/usr/local/nvidia/lib64")
         );
-        // No ld cache in the plan: none in the layout.
-        assert_eq!(f.layout(&plan, Path::new("/p"), None, true).ld_cache, None);
+        // No ld cache in the plan: none in the layout, no LD_LIBRARY_PATH.
+        plan.ld_cache = None;
+        let l = f.layout(&plan, Path::new("/p"), None, true);
+        assert_eq!((l.ld_cache, l.library_path), (None, None));
+    }
+
+    #[test]
+    fn the_folder_name_follows_every_identity_and_the_version() {
+        let (inv, plan) = node("/host");
+        let f = fold(&plan, &inv).unwrap();
+        let id = |ino| FileIdentity {
+            dev: 1,
+            ino,
+            size: 10,
+            mtime: 2,
+            mtime_nsec: 3,
+        };
+        let ids: Vec<FileIdentity> = (0..f.members().count() as u64).map(id).collect();
+        let a = folder_name("580.65.06", &f, &ids);
+        assert!(
+            a.starts_with("580.65.06-") && a.len() == "580.65.06-".len() + 16,
+            "{a}"
+        );
+        assert_eq!(folder_name("580.65.06", &f, &ids), a, "deterministic");
+        let mut upgraded = ids.clone();
+        upgraded[0].ino = 99;
+        assert_ne!(folder_name("580.65.06", &f, &upgraded), a);
+        assert_ne!(folder_name("590.1", &f, &ids), a);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The one front door to a plan, used by `gpufence-runtime`, `gpufence hook`, `gpufence nri` and
 //! `gpufence plan`: the request parsed once ([`Inputs`]), the pod-sandbox check, the inventory
 //! (or none), the CDI specs, kubelet's record, [`super::plan_request`], and what the plan needs
-//! of the host to be final (the MPS daemon's answer, the driver folders' name) — so the plan
-//! that leaves here is what every applier renders, and none changes it.
+//! of the host to be final (the MPS daemon's answer) — so the plan that leaves here is what every
+//! applier renders, and none changes it. One step is left to the node, explicitly: the driver
+//! folders' directory is named from the driver files' identities and made on the host
+//! (`gpufence_node::driverfolders::settle_intake`, which sets `plan.driver_folders`); this
+//! module stats no driver file.
 //!
 //! The same decisions everywhere: a pod sandbox (pause) container never gets a GPU (pod
 //! annotations reach it too); an unavailable inventory only matters when the container has an
@@ -191,24 +194,7 @@ pub fn intake_request(
         })?;
         out.plan.notes.extend(notes);
     }
-    driver_layout(cfg, &mut out, id);
     Ok(out)
-}
-
-/// `runtime.driver-layout = "folders"`: the folder binds the runtime renders in place of the
-/// driver file binds, named by the files' identities ([`super::folders::decide`]); where they
-/// cannot be named the plan says why and keeps per-file binds.
-fn driver_layout(cfg: &Config, out: &mut Intake, id: &str) {
-    let path = out.request.path();
-    match super::folders::decide(&out.plan, &out.inventory, cfg, path) {
-        Ok(layout) => out.plan.driver_folders = layout,
-        Err(e) => {
-            tracing::warn!(container = id, error = %e, "driver folders unavailable: driver files mounted one by one");
-            out.plan.notes.push(format!(
-                "driver layout \"folders\" unavailable ({e}): driver files mounted one by one"
-            ));
-        }
-    }
 }
 
 #[cfg(test)]

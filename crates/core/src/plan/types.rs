@@ -107,8 +107,10 @@ pub struct Plan {
     /// The ld cache refresh the driver libraries need (`None`: no library mounted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ld_cache: Option<LdCache>,
-    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, for the
-    /// runtime to render where it can prepare the folders ([`DriverFolders`]).
+    /// `runtime.driver-layout = "folders"`: the same driver files served by folder binds, set by
+    /// the node once it has named (or made) the folders' directory on this host
+    /// (`gpufence_node::driverfolders`); every applier renders it in place of the per-file
+    /// edits ([`Plan::layout_mounts`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_folders: Option<DriverFolders>,
 }
@@ -122,6 +124,22 @@ pub const SHIM_ISOLATION: &str = "the shim's memory quota protects tenants from 
     needs the driver backend or MIG";
 
 impl Plan {
+    /// The mounts as the appliers render them: the driver folders' where the node settled them
+    /// ([`DriverFolders`]), else the per-file edits.
+    pub fn layout_mounts(&self) -> &[crate::cdi::MountEdit] {
+        self.driver_folders
+            .as_ref()
+            .map_or(&self.edits.mounts, |f| &f.mounts)
+    }
+
+    /// The ld cache as the appliers render it (the driver folders' where settled).
+    pub fn layout_ld_cache(&self) -> Option<&LdCache> {
+        match &self.driver_folders {
+            Some(f) => f.ld_cache.as_ref(),
+            None => self.ld_cache.as_ref(),
+        }
+    }
+
     /// True when the plan grants nothing (no device nodes, no mounts, no shim).
     pub fn grants_nothing(&self) -> bool {
         self.allocation.is_none()
@@ -183,12 +201,11 @@ pub struct Folding {
     pub lib_from: Option<String>,
 }
 
-/// `runtime.driver-layout = "folders"` as the plan decided it: the plan's driver file binds
-/// served by folder binds from one prepared host directory. Only `gpufence-runtime` renders it
-/// (hook mode and CDI specs keep the per-file edits): it prepares [`DriverFolders::dir`] and
-/// writes these mounts, env and ld cache folders in place of the plan's — or, where the
-/// directory cannot be prepared (another filesystem, a driver file replaced since), the plan's
-/// per-file edits, with one log line. Either way the plan itself is not changed.
+/// `runtime.driver-layout = "folders"` as rendered for this host: the plan's driver file binds
+/// served by folder binds from one prepared host directory. Every applier renders these mounts,
+/// env and ld cache folders in place of the plan's per-file edits; where the directory cannot be
+/// named or made (another filesystem, a driver file replaced since) the node leaves it `None`
+/// and the appliers render the per-file edits, with one log line and a note.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DriverFolders {
@@ -204,6 +221,13 @@ pub struct DriverFolders {
     /// Env set with this layout, after the plan's (`PATH` naming [`super::folders::BIN_FOLDER`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+    /// `LD_LIBRARY_PATH=…` naming the ld cache's folders after the container's own entries (the
+    /// order the ld cache would have: an image's `LD_LIBRARY_PATH` comes before the cache), for
+    /// the appliers that cannot write the container's ld cache before it starts (`gpufence nri`,
+    /// the CDI spec); `None` when the container names every folder already. `gpufence-runtime`
+    /// and hook mode write the cache instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library_path: Option<String>,
     /// Files folded, folders made.
     pub files: usize,
     pub folders: usize,

@@ -38,6 +38,12 @@ pub trait NsSys {
     fn attach(&self, m: Detached, target: &OwnedFd, shown: &str) -> Result<(), MountError>;
     /// Refresh the ld cache of `rootfs` for `folders`.
     fn refresh_ldcache(&self, rootfs: &Path, folders: &[String]) -> Result<Outcome, LdcacheError>;
+    /// Symlinks `(path, target)` in `rootfs` ([`super::ldcache::link_in_root`]); how many made.
+    fn link_binaries(
+        &self,
+        rootfs: &Path,
+        links: &[(String, String)],
+    ) -> Result<usize, LdcacheError>;
 }
 
 /// The real calls.
@@ -96,6 +102,14 @@ impl NsSys for LinuxNs {
     fn refresh_ldcache(&self, rootfs: &Path, folders: &[String]) -> Result<Outcome, LdcacheError> {
         super::ldcache::update(rootfs, folders, &Libraries::Scan)
     }
+
+    fn link_binaries(
+        &self,
+        rootfs: &Path,
+        links: &[(String, String)],
+    ) -> Result<usize, LdcacheError> {
+        super::ldcache::link_in_root(rootfs, links)
+    }
 }
 
 /// One recorded call.
@@ -118,6 +132,7 @@ pub enum NsCall {
         target: String,
     },
     RefreshLdcache(Vec<String>),
+    LinkBinaries(Vec<(String, String)>),
 }
 
 /// A fake that records every call. Handles are `/dev/null` fds; `open_root` opens the given
@@ -245,5 +260,19 @@ impl NsSys for RecordingNs {
             added: 0,
             image_cache: "recorded".into(),
         })
+    }
+
+    fn link_binaries(
+        &self,
+        rootfs: &Path,
+        links: &[(String, String)],
+    ) -> Result<usize, LdcacheError> {
+        self.record(NsCall::LinkBinaries(links.to_vec()))
+            .map_err(|errno| LdcacheError::Rootfs {
+                rootfs: rootfs.to_path_buf(),
+                what: "links".into(),
+                errno,
+            })?;
+        Ok(links.len())
     }
 }

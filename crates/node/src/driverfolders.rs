@@ -1,17 +1,141 @@
-//! The `folders` driver layout's host side (`runtime.driver-layout = "folders"`; the decision is
-//! [`crate::plan::folders`]): [`prepare`] makes, once per set of driver files, the directory
-//! [`folder_dir`] names under `runtime.driver-folders`, holding **hard links** of exactly the
-//! granted files — the driver's own inodes, no copy — and the soname links. It is built under a
-//! temporary name and renamed into place, so a folder is either complete or absent; the folders'
-//! directory must be owned by root and writable by no one else. Where it cannot be prepared (the
-//! driver on another filesystem, so no hard link) the caller keeps the `files` layout: the same
-//! files, read-only, only more mounts.
+//! The `folders` driver layout's host side (`runtime.driver-layout = "folders"`, the default; the
+//! decision is [`crate::plan::folders`], pure): [`settle`] is the one call every applier makes
+//! once the plan is made — it reads the identities of the files the plan folds (one `lstat`
+//! each), names their directory under `runtime.driver-folders` and, unless only naming
+//! (`gpufence plan`), makes it when absent: **hard links** of exactly the granted files — the
+//! driver's own inodes, no copy — and the soname links, built under a temporary name and renamed
+//! into place, so a folder is either complete or absent. The folders' directory must be owned by
+//! root and writable by no one else. Where the directory cannot be made (the driver on another
+//! filesystem, so no hard link; a driver file replaced meanwhile) the plan keeps the `files`
+//! layout, with a note: the same files, read-only, only more mounts.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::plan::folders::{FolderDir, FolderError, Folding, folder_dir, io};
+use crate::config::{Config, DriverLayout};
+use crate::inventory::Inventory;
+use crate::plan::Plan;
+use crate::plan::folders::{ContainerEnv, FileIdentity, Folding, fold, folder_name};
 
+/// Why a folder could not be named or prepared (the container then gets the `files` layout).
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {why}")]
+    Unsafe { path: PathBuf, why: &'static str },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
+    move |source| FolderError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What [`settle`] does on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Name the directory only (`gpufence plan`: changes nothing).
+    Name,
+    /// Name it and make it when absent (the appliers, `gpufence cdi generate`).
+    Prepare,
+}
+
+/// The plan's driver folders on this host: `plan.driver_folders` set to the layout rendered
+/// with the directory named (and, for [`Mode::Prepare`], made) here, for `env` (the container's
+/// `PATH` and `LD_LIBRARY_PATH`; `None` for a CDI spec). Nothing is done for the `files` layout
+/// or when folding saves too little; where the directory cannot be named or made the plan keeps
+/// its per-file edits, with one log line and a note saying why.
+pub fn settle(
+    cfg: &Config,
+    plan: &mut Plan,
+    inventory: &Inventory,
+    env: Option<ContainerEnv>,
+    mode: Mode,
+) {
+    plan.driver_folders = None;
+    if cfg.runtime.driver_layout != DriverLayout::Folders {
+        return;
+    }
+    let Some(folding) = fold(plan, inventory) else {
+        return;
+    };
+    let root = &cfg.runtime.driver_folders;
+    let version = &inventory.driver_version;
+    let dir = match mode {
+        Mode::Name => folder_dir(root, version, &folding)
+            .map(|d| (d.path.symlink_metadata().is_ok_and(|m| m.is_dir()), d.path)),
+        Mode::Prepare => prepare(root, version, &folding).map(|d| (true, d)),
+    };
+    match dir {
+        Ok((prepared, dir)) => {
+            let f = folding.layout(plan, &dir, env, prepared);
+            tracing::info!(container = %plan.container_id, folder = %dir.display(), files = f.files, folders = f.folders, prepared, "driver files mounted as folders");
+            plan.driver_folders = Some(f);
+        }
+        Err(e) => {
+            tracing::warn!(container = %plan.container_id, error = %e, "driver folders unavailable: driver files mounted one by one");
+            plan.notes.push(format!(
+                "driver layout \"folders\" unavailable ({e}): driver files mounted one by one"
+            ));
+        }
+    }
+}
+
+/// [`settle`] for a plan fresh from the front door, with its container's env.
+pub fn settle_intake(cfg: &Config, intake: &mut crate::plan::intake::Intake, mode: Mode) {
+    if intake.sandbox.is_some() {
+        return;
+    }
+    let env = ContainerEnv::of(&intake.request);
+    settle(cfg, &mut intake.plan, &intake.inventory, Some(env), mode);
+}
+
+/// A prepared directory's path, and the (device, inode) of each member in folder order, for
+/// checking that what gets linked is what was named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderDir {
+    pub path: PathBuf,
+    pub ids: Vec<(u64, u64)>,
+}
+
+/// Where the prepared directory for `folding` is, or will be, under `root`
+/// (`runtime.driver-folders`): [`folder_name`] of every member's identity. Reads metadata only;
+/// refuses a member that is not a regular file (a driver file is linked, never followed).
+pub fn folder_dir(
+    root: &Path,
+    driver_version: &str,
+    folding: &Folding,
+) -> Result<FolderDir, FolderError> {
+    let mut identities = Vec::new();
+    for m in folding.members() {
+        let md = std::fs::symlink_metadata(&m.host).map_err(io(&m.host))?;
+        if !md.file_type().is_file() {
+            return Err(FolderError::Unsafe {
+                path: m.host.clone(),
+                why: "not a regular file (a driver file is linked, never followed)",
+            });
+        }
+        identities.push(FileIdentity {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.size(),
+            mtime: md.mtime(),
+            mtime_nsec: md.mtime_nsec(),
+        });
+    }
+    Ok(FolderDir {
+        path: root.join(folder_name(driver_version, folding, &identities)),
+        ids: identities.iter().map(|i| (i.dev, i.ino)).collect(),
+    })
+}
+
+/// The directory `runtime.driver-folders`, created 0755 when absent; refused unless it is a
+/// real directory owned by this user (root) and writable by no one else.
 fn folders_root(root: &Path) -> Result<(), FolderError> {
     if !root.exists() {
         std::fs::DirBuilder::new()
@@ -37,8 +161,9 @@ fn folders_root(root: &Path) -> Result<(), FolderError> {
     Ok(())
 }
 
-/// Make (once) the prepared directory for `folding` under `root`; returns it. See the module
-/// docs.
+/// Make (once) the prepared directory for `folding` under `root`; returns it. The members are
+/// read once ([`folder_dir`]); an existing directory of that name is used as it is. See the
+/// module docs.
 pub fn prepare(
     root: &Path,
     driver_version: &str,
@@ -149,9 +274,6 @@ fn remove_stale_temporaries(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::Inventory;
-    use crate::plan::Plan;
-    use crate::plan::folders::fold;
     use gpufence_core::testing::folder_node as node;
 
     fn host_node(d: &Path) -> (Inventory, Plan) {
