@@ -484,15 +484,6 @@ fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
     std::fs::write(checkpoint, kubelet::checkpoint_json(entries)).unwrap();
 }
 
-/// How many times `gpufence hook update-ldcache` refreshed a container's ld cache (its log line).
-fn ldcache_hook_runs(log: &Path) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("ld cache updated"))
-        .count()
-}
-
 /// A scratch dir and a simulated 2-GPU node whose kubelet record grants GPU 1 to container
 /// `app` of `pods`.
 fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
@@ -525,6 +516,15 @@ fn gpu1_node(
     let c = start_containerd23(bin, &cdir, &config);
     cri_support::import_image(&s, &c);
     (s, node, cdir, config, c)
+}
+
+/// How many times `gpufence hook update-ldcache` refreshed a container's ld cache (its log line).
+fn ldcache_hook_runs(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("ld cache updated"))
+        .count()
 }
 
 /// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device

