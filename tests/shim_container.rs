@@ -42,7 +42,7 @@ fn quota_holds_inside_a_gpufence_runtime_container() {
 C=/usr/local/bin/cuda_client; D=/usr/local/bin/cuda_client_direct
 id -u | sed 's/^/uid /'
 echo "mocknode-env ${{GPUFENCE_MOCK_NODE-unset}}"
-test -r /usr/lib/x86_64-linux-gnu/gpufence-mock-node.json && echo mocknode-beside-libcuda
+for d in /usr/lib/x86_64-linux-gnu /usr/local/nvidia/lib64; do test -r $d/gpufence-mock-node.json && test -e $d/libcuda.so.1 && echo mocknode-beside-libcuda || true; done
 test -e /etc/gpufence-mock-node.json && echo mocknode-in-etc
 echo "state-env $GPUFENCE_STATE"
 $C dlsym where info fill 1048576 free
