@@ -60,6 +60,9 @@ podman --runtime "$(command -v runc)" run --rm --device gpufence.dev/gpu=1 --roo
   for n in 0 2 3; do test -e /dev/nvidia$n && { echo "LEAK: /dev/nvidia$n visible"; exit 1; }; done
   echo "no other /dev/nvidiaN: OK"'
 rm -f /var/run/cdi/gpufence-demo.json
+# podman left the empty mount targets of the spec's binary binds in the shared rootfs; the
+# runtime below links the driver's binaries at their host paths only where the image has none.
+find "$rootfs/usr/bin" -maxdepth 1 -type f -empty -name 'nvidia-*' -delete 2>/dev/null || true
 
 say "5. gpufence plan: what gpufence-runtime would do for a pod annotated devices=1, memory=4Gi"
 mkdir -p "$dir/bundle"
