@@ -8,6 +8,8 @@
 #   nri       the plain runc handler on a second containerd with `gpufence nri` connected,
 #             1 GPU with a 1Gi quota
 #   nri-nogpu the same containerd with the plugin, no GPU (the plugin's round trip alone)
+#   handler/nri (DRA CDI device)  GPU 1 as a CDI device containerd resolves from a per-claim spec
+#             (CRI CDIDevices, as kubelet passes a DRA claim's ids), 1Gi: a device-borne grant
 # Two containerds because a connected plugin sees every container of its runtime. Then the
 # create path alone: `gpufence nri`'s decision (CreateContainer → adjustment) from the plugin's
 # log, and whether any gpufence process runs per container (the ld-cache hook, with
@@ -43,6 +45,18 @@ trap cleanup EXIT
 
 CFG=$(python3 benches/node_config.py "$S" "$BIN_DIR" "$E/runc")
 printf '[allocation]\ntrust-annotations = true\n' >>"$CFG"
+# A DRA-style grant: GPU 1 as a CDI device the engine resolves (CRI CDIDevices, as kubelet passes a
+# DRA claim's ids), from a root-owned spec in both containerds' cdi_spec_dirs and gpufence's.
+DEV_ROOT=$(python3 -c 'import sys,tomllib; print(tomllib.load(open(sys.argv[1],"rb")).get("dev-root","/"))' "$CFG")
+mkdir -p "$S/cdi"
+cat >"$S/cdi/claim.json" <<JSON
+{"cdiVersion": "0.6.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": [{"name": "bench-gpu-1",
+ "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": [
+  {"path": "/dev/nvidia1", "hostPath": "$DEV_ROOT/dev/nvidia1"},
+  {"path": "/dev/nvidiactl", "hostPath": "$DEV_ROOT/dev/nvidiactl"}]}}]}
+JSON
+chmod 0644 "$S/cdi/claim.json"
+printf '[cdi]\nspec-dirs = ["%s"]\n' "$S/cdi" >>"$CFG"
 export GPUFENCE_CONFIG=$CFG
 
 # A private containerd 2.3 config (version 4) under $1, NRI socket $1/nri.sock.
@@ -63,6 +77,7 @@ config() {
     -e "s|socket_dir = ''|socket_dir = '$d/s'|" \
     -e "s|snapshotter = 'overlayfs'|snapshotter = 'native'|" \
     -e "s|restrict_oom_score_adj = false|restrict_oom_score_adj = true|" \
+    -e "s|cdi_spec_dirs = .*|cdi_spec_dirs = ['$S/cdi']|" \
     -e "s|sandbox = '.*'|sandbox = 'localhost/pause:test'|" >"$d/config.toml"
 }
 start() {
@@ -97,10 +112,12 @@ for d in "$A" "$B"; do
 done
 
 GPU='{"gpufence.dev/devices": "1", "gpufence.dev/memory": "1Gi"}'
+DRA='{"gpufence.dev/memory": "1Gi", "cdi_devices": ["k8s.gpu.nvidia.com/claim=bench-gpu-1"]}'
 echo "appliers bench: pod start through containerd $("$E/containerd" --version | awk '{print $3}') + $("$E/runc" --version | head -1), $RUNS interleaved pods per arm ($BIN_DIR)"
 "$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
   "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
-  "nri (no GPU):runc@$B/containerd.sock"
+  "nri (no GPU):runc@$B/containerd.sock" "handler (DRA CDI device):gpufence=$DRA" \
+  "nri (DRA CDI device):runc@$B/containerd.sock=$DRA"
 echo "create path alone (gpufence-runtime in the handler arm, from start to the exec of runc; GPUFENCE_PHASES):"
 python3 - "$S/state/phases.txt" <<'PY'
 import statistics as st, sys

@@ -19,6 +19,10 @@ from cri_api.v1 import api_pb2_grpc as pbg
 
 
 def pod(rt, handler, ann, image, name):
+    # "cdi_devices" (a list) is not an annotation: the CRI CDI devices of the container, as kubelet
+    # passes a DRA claim's CDI ids or a device plugin's CDI devices.
+    ann = dict(ann)
+    cdi = ann.pop("cdi_devices", [])
     cfg = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
         annotations=ann,
@@ -30,6 +34,7 @@ def pod(rt, handler, ann, image, name):
         metadata=pb.ContainerMetadata(name="app", attempt=0),
         image=pb.ImageSpec(image=image),
         command=["/bin/sleep", "60"],
+        CDI_devices=[pb.CDIDevice(name=n) for n in cdi],
     )
     t0 = time.perf_counter()
     sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg, runtime_handler=handler), timeout=60).pod_sandbox_id
