@@ -429,7 +429,7 @@ fn pod(
     if a == Applier::Handler {
         extra["handler"] = "gpufence".into();
     }
-    cri_support::request(py, c, &w.s, name, &probe(), extra)
+    cri_support::request(py, &c.sock, &w.s, name, &probe(), extra)
 }
 
 /// Exactly the GPUs of `gpus` openable (ENXIO: a node with no driver behind it), every other

@@ -39,31 +39,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cri_support::{
-    Containerd, NriProcess, containerd_config, prerequisites, spawn_nri, start_containerd23,
-    state_dirs, wait_registered,
+    Containerd, NriProcess, containerd_config, prerequisites, request as pod, spawn_nri,
+    start_containerd23, state_dirs, wait_registered,
 };
 use gpufence::nri::api::{ContainerAdjustment, KeyValue, Mount};
 use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Stopper, Transport, api};
-
-/// One pod with the default runtime (runc 1.5.1) through the CRI socket `sock`; `extra` adds
-/// request fields.
-fn pod(
-    py: &Path,
-    sock: &Path,
-    s: &Path,
-    name: &str,
-    command: &str,
-    extra: serde_json::Value,
-) -> serde_json::Value {
-    let mut req = serde_json::json!({
-        "socket": sock, "handler": "", "dir": s, "name": name,
-        "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        req[k] = v.clone();
-    }
-    cri_support::client(py, &req)
-}
 
 /// A pod without GPU request running `command`: it must run; its output.
 fn runs(py: &Path, sock: &Path, s: &Path, name: &str, command: &str) -> String {

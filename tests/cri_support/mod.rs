@@ -507,17 +507,18 @@ pub fn start_containerd23(bin: &Path, dir: &Path, config: &Path) -> Containerd {
     start_containerd(Some(bin), config, dir, &[])
 }
 
-/// One pod with the default runtime (runc 1.5.1); `extra` adds request fields.
+/// One pod with the default runtime (runc 1.5.1) through the CRI socket `sock` (containerd's or
+/// CRI-O's); `extra` adds request fields.
 pub fn request(
     py: &Path,
-    c: &Containerd,
+    sock: &Path,
     s: &Path,
     name: &str,
     command: &str,
     extra: serde_json::Value,
 ) -> serde_json::Value {
     let mut req = serde_json::json!({
-        "socket": c.sock, "handler": "", "dir": s, "name": name,
+        "socket": sock, "handler": "", "dir": s, "name": name,
         "image": "localhost/pause:test", "command": ["/bin/sh", "-c", command], "timeout": 30,
     });
     for (k, v) in extra.as_object().unwrap() {
