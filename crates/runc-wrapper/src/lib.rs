@@ -22,12 +22,13 @@ use crate::state::refusals::Reason;
 pub mod apply;
 pub mod args;
 pub mod ldcache;
+pub mod passthrough;
 pub mod phases;
 pub mod runclog;
 
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
 use gpufence_core::{
-    allocation, cdi, config, exit, fsutil, inventory, logging, plan, real_runtime, text,
+    allocation, cdi, config, exit, fnv, fsutil, inventory, logging, plan, real_runtime, text,
 };
 use gpufence_node::{driverfolders, enter, hostfiles, state};
 
@@ -37,6 +38,22 @@ pub use apply::{ApplyError, apply_to_spec};
 pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
     let rest: &[OsString] = argv.get(1..).unwrap_or(&[]);
     let parsed = args::parse(rest);
+    // The configuration file's identity before it is read, for the pass-through record.
+    let source = passthrough::ConfigSource::from_env();
+    let identity = passthrough::config_identity(&source);
+    let remember = |cfg: &Config| {
+        if let Some(id) = &identity {
+            let dir = Path::new(passthrough::CACHE_DIR);
+            // Best effort: without a record the next pass-through call takes this path again.
+            // Not said when the directory is not this user's to write (a rootless engine).
+            match passthrough::store(dir, &source, id, cfg) {
+                Err(e) if e.kind() != std::io::ErrorKind::PermissionDenied => {
+                    eprintln!("gpufence-runtime: {}: {e}", dir.display())
+                }
+                _ => {}
+            }
+        }
+    };
 
     if parsed.is_create() {
         let mut phases = phases::Phases::start();
@@ -51,6 +68,7 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
             return Err(report(&parsed, &cfg, e));
         }
         let rt = real_runtime(&cfg).map_err(|e| report(&parsed, &cfg, e))?;
+        remember(&cfg);
         if let Some(p) = &phases {
             p.write(parsed.container_id.as_deref().unwrap_or(""), &cfg.state_dir);
         }
@@ -59,14 +77,20 @@ pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
 
     // Pass-through: the configuration only names the real runtime and the state directory. A
     // broken configuration must not stop containers from being listed, killed or deleted.
-    let cfg = Config::load(None).unwrap_or_else(|e| {
-        eprintln!(
-            "gpufence-runtime: {e}; using defaults for {:?}",
-            parsed.subcommand
-        );
-        Config::default()
-    });
+    let (cfg, loaded) = match Config::load(None) {
+        Ok(cfg) => (cfg, true),
+        Err(e) => {
+            eprintln!(
+                "gpufence-runtime: {e}; using defaults for {:?}",
+                parsed.subcommand
+            );
+            (Config::default(), false)
+        }
+    };
     let rt = real_runtime(&cfg)?;
+    if loaded {
+        remember(&cfg);
+    }
     if parsed.is_delete() {
         return delete(&parsed, &cfg, &rt, rest);
     }
