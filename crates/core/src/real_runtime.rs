@@ -22,6 +22,11 @@ pub fn is_this_binary(p: &Path) -> bool {
     me.is_some() && file_id(p) == me
 }
 
+/// Whether `p` exists and is another file than this binary (one `stat` of each).
+pub fn exists_apart_from_this_binary(p: &Path) -> bool {
+    file_id(p).is_some_and(|id| file_id(Path::new("/proc/self/exe")) != Some(id))
+}
+
 /// The first executable `runc`, then `crun`, on `path` (the runtime's own PATH, else
 /// [`DEFAULT_PATH`]) that is not this binary.
 pub fn search_path(path: Option<&OsStr>) -> Option<PathBuf> {

@@ -187,8 +187,9 @@ fn read_record(dir: &Path, config: &Path) -> Option<Vec<u8>> {
     if !m.is_file() || !trusted(&m) || m.len() > 8192 {
         return None;
     }
-    let mut rec = Vec::with_capacity(m.len() as usize);
-    f.read_to_end(&mut rec).ok()?;
+    // Records are replaced by rename, never rewritten: the size just read is the record's.
+    let mut rec = vec![0; usize::try_from(m.len()).ok()?];
+    f.read_exact(&mut rec).ok()?;
     Some(rec)
 }
 
@@ -220,9 +221,9 @@ fn lookup(dir: &Path, src: &ConfigSource) -> Option<Option<PathBuf>> {
 /// the runtime's own PATH.
 pub fn resolve(dir: &Path, src: &ConfigSource, path_env: Option<&OsStr>) -> Option<PathBuf> {
     match lookup(dir, src)? {
-        // As real_runtime: a configured path is taken as it is, unless it is this binary (a
-        // missing one fails at exec, and the slow path reports it).
-        Some(p) => (!crate::real_runtime::is_this_binary(&p) && p.exists()).then_some(p),
+        // As real_runtime: the configured path, unless it is this binary; a missing one goes
+        // to the slow path, whose exec reports it.
+        Some(p) => crate::real_runtime::exists_apart_from_this_binary(&p).then_some(p),
         None => crate::real_runtime::search_path(path_env),
     }
 }
