@@ -285,7 +285,41 @@ mod tests {
         assert_eq!(a, RuncArgs::default());
     }
 
+    fn wrapped(v: &[&str]) -> bool {
+        let c: Vec<std::ffi::CString> = v
+            .iter()
+            .map(|s| std::ffi::CString::new(*s).unwrap())
+            .collect();
+        needs_wrapper(&c.iter().map(|c| c.as_c_str()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn only_create_run_and_delete_need_the_wrapper() {
+        assert!(wrapped(&["--root", "/r", "create", "--bundle", "/b", "c"]));
+        assert!(wrapped(&["run", "c"]));
+        assert!(wrapped(&["--log", "/l", "delete", "--force", "c"]));
+        for v in [
+            &["--root", "/r", "start", "c"][..],
+            &["state", "c"],
+            &["--root", "create", "kill", "c", "9"],
+            &["--", "create"],
+            &["--version"],
+            &[],
+        ] {
+            assert!(!wrapped(v), "{v:?}");
+        }
+    }
+
     proptest::proptest! {
+        /// The pass-through path's decision (C strings, nothing allocated) is the one `parse`
+        /// makes for the create path.
+        #[test]
+        fn needs_wrapper_agrees_with_parse(v in proptest::collection::vec("[a-z=-]{0,8}|create|run|delete|state|--root|--log", 0..8)) {
+            let strs: Vec<&str> = v.iter().map(String::as_str).collect();
+            let a = p(&strs);
+            proptest::prop_assert_eq!(wrapped(&strs), a.is_create() || a.is_delete());
+        }
+
         #[test]
         fn never_panics(v in proptest::collection::vec(".{0,12}", 0..10)) {
             let a = p(&v.iter().map(String::as_str).collect::<Vec<_>>());
