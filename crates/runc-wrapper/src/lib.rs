@@ -22,7 +22,9 @@ use crate::state::refusals::Reason;
 
 pub mod apply;
 pub mod args;
+pub mod fileid;
 pub mod ldcache;
+pub mod ldfacts;
 pub mod passthrough;
 pub mod phases;
 pub mod runclog;

@@ -55,19 +55,7 @@ impl ConfigSource {
 /// and ctime. `None` when it cannot be had (a required file missing, any other error).
 pub fn config_identity(src: &ConfigSource) -> Option<Vec<u8>> {
     match std::fs::metadata(&src.path) {
-        Ok(m) => Some(
-            format!(
-                "{}:{}:{}:{}.{}:{}.{}",
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec()
-            )
-            .into_bytes(),
-        ),
+        Ok(m) => Some(crate::fileid::identity(&m).into_bytes()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !src.required => {
             Some(b"absent".to_vec())
         }
@@ -142,28 +130,10 @@ pub fn store(dir: &Path, src: &ConfigSource, identity: &[u8], cfg: &Config) -> s
     written
 }
 
-/// How recent a change to the configuration file must be for its identity not to be recorded:
-/// file times advance by the kernel's clock tick (1–10 ms), so two writes of the same size in
-/// one tick leave the same identity; a file last changed longer ago than this cannot be
-/// rewritten unseen (git's "racy" rule). The record waits for the next call.
-pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Whether the file was modified, or its inode changed, within [`SETTLE`] of now.
+/// Whether the file was changed too recently for its identity to be recorded
+/// ([`crate::fileid::SETTLE`]).
 fn changed_lately(p: &Path) -> bool {
-    let Ok(m) = std::fs::metadata(p) else {
-        return false;
-    };
-    let at = |s: i64, ns: i64| {
-        std::time::UNIX_EPOCH
-            + std::time::Duration::new(
-                u64::try_from(s).unwrap_or(0),
-                ns.clamp(0, 999_999_999) as u32,
-            )
-    };
-    let newest = at(m.mtime(), m.mtime_nsec()).max(at(m.ctime(), m.ctime_nsec()));
-    std::time::SystemTime::now()
-        .duration_since(newest)
-        .map_or(true, |age| age < SETTLE)
+    std::fs::metadata(p).is_ok_and(|m| crate::fileid::changed_lately(&m))
 }
 
 /// Owned by this process's effective user, not writable by group or others.
@@ -289,7 +259,8 @@ mod tests {
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
         let text = format!("[runtime]\npath = \"{}\"\n", runtime.display());
         std::fs::write(&cfg_path, &text).unwrap();
-        let settle = || std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
+        let settle =
+            || std::thread::sleep(crate::fileid::SETTLE + std::time::Duration::from_millis(20));
         let src = ConfigSource {
             path: cfg_path.clone(),
             required: true,

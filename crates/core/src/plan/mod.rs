@@ -21,8 +21,8 @@ pub use mounts::{driver_mounts, state_tmpfs};
 pub use nodes::device_node_edit;
 pub use types::{
     ACCOUNTING_FILE, CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, CgroupRule,
-    HAMI_CACHE_FILE, HostFile, LD_SO_PRELOAD_FILE, LdCache, Plan, RO_BIND, RW_STATE_BIND,
-    SHIM_ISOLATION, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
+    HAMI_CACHE_FILE, HostFile, LD_FACTS_FILE, LD_SO_PRELOAD_FILE, LdCache, Plan, RO_BIND,
+    RW_STATE_BIND, SHIM_ISOLATION, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
 };
 
 /// Compute the plan for one container. Pure: no I/O. `spec` is the parsed `config.json`;
