@@ -105,12 +105,15 @@ impl Refresh {
             .as_ref()
             .map(|f| (f.libraries(), f.binary_links()))
             .unwrap_or_default();
-        let mut libs = crate::ldfacts::known(&self.state_dir, &mounts);
+        let mut facts = crate::ldfacts::Facts::load(&self.state_dir);
+        let mut libs = facts.known(&mounts);
         libs.extend(
-            crate::ldfacts::known(&self.state_dir, &folded)
+            facts
+                .known(&folded)
                 .into_iter()
                 .map(|l| crate::enter::ldcache::Library { linked: true, ..l }),
         );
+        facts.save();
         let outcome =
             crate::enter::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
                 .map_err(|e| {

@@ -80,66 +80,82 @@ fn recordable(path: &Path, lib: Option<&Library>) -> bool {
         && lib.is_none_or(|l| plain(l.soname.as_bytes()) && !l.soname.contains(' '))
 }
 
-/// The libraries among `mounts` (container path, host path), as
-/// [`crate::enter::ldcache::known_libraries`] finds them, from the record where it is fresh.
-pub fn known(state_dir: &Path, mounts: &[(String, PathBuf)]) -> Vec<Library> {
-    let record = state_dir.join(FILE);
-    let mut facts = std::fs::read_to_string(&record)
-        .map(|t| parse(&t))
-        .unwrap_or_default();
-    let mut changed = false;
-    let mut out = Vec::new();
-    for (target, host) in mounts {
-        let Ok(m) = std::fs::metadata(host) else {
-            continue;
-        };
-        if !m.is_file() {
-            continue;
+/// The record, loaded once per create ([`Facts::load`]), asked for each list of mounts
+/// ([`Facts::known`]) and written back when it learnt something ([`Facts::save`]).
+#[derive(Debug)]
+pub struct Facts {
+    record: PathBuf,
+    facts: BTreeMap<PathBuf, Fact>,
+    changed: bool,
+}
+
+impl Facts {
+    /// `state-dir`'s record (empty when missing or unreadable).
+    pub fn load(state_dir: &Path) -> Facts {
+        let record = state_dir.join(FILE);
+        let facts = std::fs::read_to_string(&record)
+            .map(|t| parse(&t))
+            .unwrap_or_default();
+        Facts {
+            record,
+            facts,
+            changed: false,
         }
+    }
+
+    /// The libraries among `mounts` (container path, host path), as
+    /// [`crate::enter::ldcache::known_libraries`] finds them, from the record where it is fresh.
+    pub fn known(&mut self, mounts: &[(String, PathBuf)]) -> Vec<Library> {
+        mounts
+            .iter()
+            .filter_map(|(target, host)| self.library(target, host))
+            .collect()
+    }
+
+    fn library(&mut self, target: &str, host: &Path) -> Option<Library> {
+        let m = std::fs::metadata(host).ok().filter(|m| m.is_file())?;
         let identity = crate::fileid::identity(&m);
         let p = Path::new(target);
-        let (Some(folder), Some(file)) = (
-            p.parent().and_then(Path::to_str),
-            p.file_name().and_then(|f| f.to_str()),
-        ) else {
-            continue;
-        };
-        if let Some(f) = facts.get(host).filter(|f| f.identity == identity) {
-            if let Some((soname, flags, osversion)) = &f.lib {
-                out.push(Library {
-                    folder: folder.to_string(),
-                    file: file.to_string(),
-                    soname: soname.clone(),
-                    flags: *flags,
-                    osversion: *osversion,
-                    linked: false,
-                });
-            }
-            continue;
+        let (folder, file) = (p.parent()?.to_str()?, p.file_name()?.to_str()?);
+        if let Some(f) = self.facts.get(host).filter(|f| f.identity == identity) {
+            let (soname, flags, osversion) = f.lib.clone()?;
+            return Some(Library {
+                folder: folder.to_string(),
+                file: file.to_string(),
+                soname,
+                flags,
+                osversion,
+                linked: false,
+            });
         }
-        let lib = known_libraries(std::slice::from_ref(&(target.clone(), host.clone())))
+        let lib = known_libraries(&[(target.to_string(), host.to_path_buf())])
             .into_iter()
             .next();
         // Recorded only when the file was the same before and after it was read.
         let same = std::fs::metadata(host).is_ok_and(|after| {
             crate::fileid::identity(&after) == identity && !crate::fileid::changed_lately(&after)
         });
-        if same && recordable(host, lib.as_ref()) && facts.len() < MAX_ENTRIES {
+        if same && recordable(host, lib.as_ref()) && self.facts.len() < MAX_ENTRIES {
             let fact = Fact {
                 identity,
                 lib: lib
                     .as_ref()
                     .map(|l| (l.soname.clone(), l.flags, l.osversion)),
             };
-            facts.insert(host.clone(), fact);
-            changed = true;
+            self.facts.insert(host.to_path_buf(), fact);
+            self.changed = true;
         }
-        out.extend(lib);
+        lib
     }
-    if changed && let Err(e) = write(&record, &render(&facts)) {
-        tracing::warn!(file = %record.display(), error = %e, "driver library facts not recorded");
+
+    /// Write the record back if it learnt something (best effort: one log line otherwise).
+    pub fn save(self) {
+        if self.changed
+            && let Err(e) = write(&self.record, &render(&self.facts))
+        {
+            tracing::warn!(file = %self.record.display(), error = %e, "driver library facts not recorded");
+        }
     }
-    out
 }
 
 fn write(record: &Path, text: &str) -> std::io::Result<()> {
@@ -203,20 +219,26 @@ mod tests {
             ("/usr/lib/x/data.json".to_string(), data.clone()),
             ("/usr/lib/x/libc.so.6".to_string(), lib.clone()),
         ];
+        let known = |m: &[(String, PathBuf)]| {
+            let mut f = Facts::load(&d);
+            let libs = f.known(m);
+            f.save();
+            libs
+        };
         let direct = known_libraries(&mounts);
         assert_eq!(direct.len(), 1, "{direct:?}");
-        assert_eq!(known(&d, &mounts), direct);
+        assert_eq!(known(&mounts), direct);
         let text = std::fs::read_to_string(d.join(FILE)).unwrap();
         assert_eq!(text.lines().count(), 3, "{text}");
         // From the record: the same answer.
-        assert_eq!(known(&d, &mounts), direct);
+        assert_eq!(known(&mounts), direct);
         // The record is the host's own and believed while the identity matches (here a forged
         // soname proves it is read, not the file); a changed file is read again.
         let forged = text.replace("libc.so.6 ", "libforged.so ");
         std::fs::write(d.join(FILE), &forged).unwrap();
-        assert_eq!(known(&d, &mounts)[0].soname, "libforged.so");
+        assert_eq!(known(&mounts)[0].soname, "libforged.so");
         std::fs::write(&lib, "not an ELF file").unwrap();
-        assert_eq!(known(&d, &mounts), Vec::new());
+        assert_eq!(known(&mounts), Vec::new());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
