@@ -42,8 +42,9 @@ use crate::ldso::soname as elf;
 
 /// Driver version of the simulated node.
 pub const DRIVER_VERSION: &str = "580.65.06";
-/// CUDA driver API version of the simulated node (12.8).
-pub const CUDA_DRIVER_VERSION: i32 = 12080;
+/// CUDA driver API version of the simulated node: what a real 580 driver reports (13.0; 570
+/// reports 12.8, 550 12.4). NVIDIA's CUDA 13 runtime refuses a driver below 13.0.
+pub const CUDA_DRIVER_VERSION: i32 = 13000;
 pub const GPU_NAME: &str = "NVIDIA H100 80GB HBM3";
 pub const GPU_MEMORY_MIB: u64 = 81559;
 pub const NVIDIA_MAJOR: u32 = 195;

@@ -24,6 +24,7 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// One CUDA device as this process sees it.
@@ -35,6 +36,8 @@ pub(crate) struct Device {
     pub(crate) used: AtomicU64,
     /// Lane of the node-wide device timeline (GPU minor, MIG instance).
     pub(crate) lane: usize,
+    /// PCI domain, bus and device numbers (of the parent GPU for a MIG instance).
+    pub(crate) pci: (i32, i32, i32),
 }
 
 pub(crate) struct State {
@@ -42,7 +45,6 @@ pub(crate) struct State {
     pub(crate) devices: Vec<Device>,
     /// (kind, handle) → (device, bytes)
     pub(crate) allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
-    pub(crate) next_ptr: AtomicU64,
     pub(crate) next_handle: AtomicU64,
     /// Driver memory limits and MPS client limits (limits.rs).
     pub(crate) limits: limits::Limits,
@@ -92,3 +94,14 @@ macro_rules! table {
     };
 }
 pub(crate) use table;
+
+/// The value of an `Ok`, or return the error code from the enclosing entry point.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return e,
+        }
+    };
+}
+pub(crate) use tri;

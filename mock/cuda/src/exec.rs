@@ -43,13 +43,13 @@ static FUNCS: [AtomicU64; MAX_FUNCS] = [const { AtomicU64::new(0) }; MAX_FUNCS];
 static NEXT_FUNC: AtomicUsize = AtomicUsize::new(0);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
-struct Stream {
-    dev: usize,
-    tail: u64,
-    capture: Option<Vec<u64>>,
+pub(crate) struct Stream {
+    pub(crate) dev: usize,
+    pub(crate) tail: u64,
+    pub(crate) capture: Option<Vec<u64>>,
 }
 
-struct Exec {
+pub(crate) struct Exec {
     timeline: &'static Timeline,
     me: Me,
     streams: Mutex<HashMap<usize, Stream>>,
@@ -92,7 +92,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn new_handle() -> usize {
+pub(crate) fn new_handle() -> usize {
     0x0a00_0000_0000 + NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) as usize * HANDLE_STRIDE
 }
 
@@ -117,7 +117,7 @@ fn new_kernel(name: *const c_char) -> Result<usize, CUresult> {
 }
 
 /// Device time of kernel handle `f` (INVALID_HANDLE when it is not one of ours).
-fn kernel_ns(f: *mut c_void) -> Result<u64, CUresult> {
+pub(crate) fn kernel_ns(f: *mut c_void) -> Result<u64, CUresult> {
     let f = f as usize;
     let off = f.wrapping_sub(FUNC_BASE);
     if f < FUNC_BASE || !off.is_multiple_of(HANDLE_STRIDE) {
@@ -140,7 +140,7 @@ fn stream_key(s: usize, ptsz: bool, dev: usize) -> usize {
 }
 
 /// Run `f` on the stream's state (created on first use for default streams).
-fn with_stream<R>(
+pub(crate) fn with_stream<R>(
     s: usize,
     ptsz: bool,
     f: impl FnOnce(&Exec, &mut Stream) -> Result<R, CUresult>,
@@ -586,7 +586,7 @@ pub extern "C" fn cuEventRecord_ptsz(ev: usize, s: usize) -> CUresult {
     record(ev, s, true)
 }
 
-fn event_time(ev: usize) -> Result<Option<u64>, CUresult> {
+pub(crate) fn event_time(ev: usize) -> Result<Option<u64>, CUresult> {
     let e = exec()?;
     lock(&e.events)
         .get(&ev)
@@ -698,7 +698,7 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: usize, graph: *mut usize) ->
     end_capture(s, true, graph)
 }
 
-fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
+pub(crate) fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
     guard(
         || match with_stream(s, ptsz, |_, st| Ok(st.capture.is_some())) {
             // SAFETY: the caller's out-pointer (put refuses NULL).

@@ -22,7 +22,10 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use driver::{CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table};
+use dark::cuGetExportTable;
+use driver::{
+    CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table, tri,
+};
 pub use driver::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NOT_FOUND,
@@ -38,13 +41,24 @@ enum Kind {
     Pool,
 }
 
+mod attrs;
+mod dark;
+mod devctx;
 mod driver;
+mod functions;
+mod integrity;
 mod limits;
+mod memops;
+mod pools;
+mod streams;
+mod trace;
+mod unsupported;
+mod vram;
 
 pub mod exec;
 
 /// Default memory pools are `POOL_BASE + device`.
-const POOL_BASE: u64 = 0x9001_0000;
+pub(crate) const POOL_BASE: u64 = 0x9001_0000;
 
 /// 16 UUID bytes from `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or `MIG-…`); names that are
 /// not hex get a stable FNV-derived value.
@@ -74,13 +88,29 @@ pub fn uuid_bytes(text: &str) -> [u8; 16] {
     out
 }
 
+/// (domain, bus, device) of a PCI bus id `dddddddd:bb:dd.f`; zeros where it does not parse.
+pub fn pci_numbers(bus_id: &str) -> (i32, i32, i32) {
+    let mut parts = bus_id.split([':', '.']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| i32::from_str_radix(p, 16).ok())
+            .unwrap_or(0)
+    };
+    (next(), next(), next())
+}
+
+/// A device as enumerated: UUID, name, bytes, timeline lane, PCI numbers.
+type Enumerated = (String, String, u64, usize, (i32, i32, i32));
+
 fn build_state() -> Result<State, String> {
     let anchor = cuInit as *const c_void;
     let (node, timeline) = gpufence_mock_node::load_with_timeline(anchor)?;
     exec::init(&timeline);
     // (uuid, name, bytes, lane) of every device CUDA would enumerate, in order
-    let mut all: Vec<(String, String, u64, usize)> = Vec::new();
+    let mut all: Vec<Enumerated> = Vec::new();
     for g in node.visible_gpus() {
+        let pci = pci_numbers(&g.pci_bus_id);
         if g.mig_mode() == gpufence_mock_node::MigMode::Enabled && !g.mig.is_empty() {
             for (j, m) in g.mig.iter().enumerate() {
                 all.push((
@@ -88,6 +118,7 @@ fn build_state() -> Result<State, String> {
                     format!("{} MIG {}", g.name, m.profile),
                     m.memory_bytes(),
                     gpufence_mock_node::timeline::lane_index(g.minor, j + 1),
+                    pci,
                 ));
             }
         } else {
@@ -96,6 +127,7 @@ fn build_state() -> Result<State, String> {
                 g.name.clone(),
                 g.memory_bytes(),
                 gpufence_mock_node::timeline::lane_index(g.minor, 0),
+                pci,
             ));
         }
     }
@@ -120,19 +152,19 @@ fn build_state() -> Result<State, String> {
     let limits = limits::build(&node, all.iter().map(|d| d.0.as_str()));
     let devices = all
         .into_iter()
-        .map(|(uuid, name, total, lane)| Device {
+        .map(|(uuid, name, total, lane, pci)| Device {
             uuid: uuid_bytes(&uuid),
             name,
             total,
             used: AtomicU64::new(0),
             lane,
+            pci,
         })
         .collect();
     Ok(State {
         driver_version: node.cuda_driver_version,
         devices,
         allocs: Mutex::new(HashMap::new()),
-        next_ptr: AtomicU64::new(0x7f00_0000_0000),
         next_handle: AtomicU64::new(0x10_0000),
         limits,
     })
@@ -181,32 +213,40 @@ fn release(kind: Kind, handle: u64) -> CUresult {
                 d.used.fetch_sub(bytes, Ordering::AcqRel);
                 limits::release(&s.limits, dev, bytes);
             }
+            if matches!(kind, Kind::Linear)
+                && let Some(r) = vram::remove(handle)
+            {
+                vram::unmap(handle, r.len);
+            }
             CUDA_SUCCESS
         }
         None => CUDA_ERROR_INVALID_VALUE,
     }
 }
 
-/// Allocate `bytes` of linear memory on `dev`; returns the fake pointer.
-fn alloc_linear(dev: usize, bytes: u64, kind: Kind) -> Result<u64, CUresult> {
+/// Allocate `bytes` of linear memory on `dev` (`region`: device or managed; `pool`: the memory
+/// pool of a stream-ordered allocation, else 0); returns its address, backed lazily (`vram`).
+fn alloc_linear(
+    dev: usize,
+    bytes: u64,
+    region: vram::RegionKind,
+    pool: u64,
+) -> Result<u64, CUresult> {
     let s = state()?;
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     charge(s, dev, bytes)?;
-    let rounded = bytes.div_ceil(512).saturating_mul(512);
-    let p = s.next_ptr.fetch_add(rounded.max(512), Ordering::Relaxed);
-    record(s, kind, p, dev, bytes);
-    Ok(p)
-}
-
-macro_rules! tri {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => return e,
+    let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
+        if let Some(d) = s.devices.get(dev) {
+            d.used.fetch_sub(bytes, Ordering::AcqRel);
+            limits::release(&s.limits, dev, bytes);
         }
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
+    vram::insert(p, bytes, dev, region, pool);
+    record(s, Kind::Linear, p, dev, bytes);
+    Ok(p)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,7 +279,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
             Some(Ok(s)) => s.driver_version,
             _ => gpufence_mock_node::load(cuInit as *const c_void)
                 .map(|n| n.cuda_driver_version)
-                .unwrap_or(12080),
+                .unwrap_or(13000),
         };
         // SAFETY: put rejects a null `v`; otherwise the CUDA driver-API contract makes it a valid,
         // writable out-pointer for an int.
@@ -316,7 +356,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     })
 }
 
-/// A few attributes programs commonly ask for; everything else reads 0.
+/// The attributes of an H100 SXM5 80GB (`attrs.rs`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetAttribute(
     pi: *mut c_int,
@@ -325,16 +365,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(device(s, dev));
-        let v = match attrib {
-            1 => 1024,                              // MAX_THREADS_PER_BLOCK
-            10 => 32,                               // WARP_SIZE
-            16 => limits::sm_count(&s.limits, 132), // MULTIPROCESSOR_COUNT
-            75 => 9,                                // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,                                // COMPUTE_CAPABILITY_MINOR
-            115 => 1,                               // MEMORY_POOLS_SUPPORTED
-            102 => 1,                               // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-            _ => 0,
+        let d = tri!(device(s, dev));
+        let Some(v) = attrs::value(attrib, d, limits::sm_count(&s.limits, 132)) else {
+            return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: put rejects a null `pi`; otherwise the CUDA driver-API contract makes it a valid,
         // writable out-pointer for an int.
@@ -387,6 +420,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevic
     guard(|| {
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
+        devctx::primary_retained(dev as usize);
         // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
@@ -398,6 +432,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     guard(|| {
         let s = tri!(state());
         tri!(device(s, dev));
+        devctx::primary_released(dev as usize);
         CUDA_SUCCESS
     })
 }
@@ -485,7 +520,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
         }
         let s = tri!(state());
         let dev = tri!(current_device(s));
-        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        let p = tri!(alloc_linear(dev, bytes as u64, vram::RegionKind::Device, 0));
         // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(dptr, p) }
@@ -498,9 +533,22 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytes: usize,
     _flags: c_uint,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
-    // forwarded.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        let p = tri!(alloc_linear(
+            dev,
+            bytes as u64,
+            vram::RegionKind::Managed,
+            0
+        ));
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
+        unsafe { put(dptr, p) }
+    })
 }
 
 /// Pitch is the width rounded up to 512 bytes.
@@ -527,7 +575,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let ptr = tri!(alloc_linear(
             dev,
             (p as u64).saturating_mul(height as u64),
-            Kind::Linear
+            vram::RegionKind::Device,
+            0
         ));
         // SAFETY: `pitch` and `dptr` were checked non-null at the top; the caller's contract makes
         // them writable slots.
@@ -546,7 +595,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 
 // Stream-ordered allocator
 
-fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
+pub(crate) fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
     if pool >= POOL_BASE && pool - POOL_BASE < s.devices.len() as u64 {
         return Ok((pool - POOL_BASE) as usize);
     }
@@ -614,11 +663,15 @@ pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
-    _stream: usize,
+    stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
-    // forwarded.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
+    guard(|| {
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr`
+        // before writing); only forwarded, from the current device's pool.
+        unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pools::current(dev), stream) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -645,7 +698,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         }
         let s = tri!(state());
         let dev = tri!(pool_device(s, pool));
-        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        let p = tri!(alloc_linear(
+            dev,
+            bytes as u64,
+            vram::RegionKind::Device,
+            pool
+        ));
         // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(dptr, p) }
@@ -724,25 +782,42 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
+/// Extra references `cuMemRetainAllocationHandle` took on a VMM handle.
+static VMM_RETAINS: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+
+/// Drops one reference; the memory goes back when the creation's own reference goes.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    guard(|| release(Kind::Vmm, handle))
+    guard(|| {
+        let mut refs = VMM_RETAINS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = refs.get_or_insert_with(HashMap::new).get_mut(&handle)
+            && *n > 0
+        {
+            *n -= 1;
+            return CUDA_SUCCESS;
+        }
+        drop(refs);
+        release(Kind::Vmm, handle)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAddressReserve(
     ptr: *mut CUdeviceptr,
     size: usize,
-    _align: usize,
+    align: usize,
     _addr: u64,
     _flags: u64,
 ) -> CUresult {
     guard(|| {
-        let s = tri!(state());
+        tri!(state());
         if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        let p = s.next_ptr.fetch_add(size as u64, Ordering::Relaxed);
+        let align = (align as u64).max(VMM_GRANULARITY as u64);
+        let Some(p) = vram::reserve(size as u64, align) else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
         // SAFETY: put rejects a null `ptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(ptr, p) }
@@ -750,44 +825,126 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         tri!(state());
+        tri!(vram::unreserve(ptr, size as u64));
         CUDA_SUCCESS
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemMap(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _offset: usize,
-    _handle: u64,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
     _flags: u64,
 ) -> CUresult {
     guard(|| {
-        tri!(state());
+        let s = tri!(state());
+        let alloc = vmm_allocation(s, handle);
+        let Some((dev, bytes)) = alloc else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        if size == 0
+            || (offset as u64).saturating_add(size as u64) > bytes
+            || !vram::reserved_covers(ptr, size as u64)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        tri!(vram::remap_fixed(
+            ptr,
+            size as u64,
+            libc::PROT_READ | libc::PROT_WRITE
+        ));
+        // a mapped range records its handle where allocations record their pool
+        vram::insert(ptr, size as u64, dev, vram::RegionKind::Mapped, handle);
         CUDA_SUCCESS
     })
 }
 
+/// (device, bytes) of a live VMM handle.
+fn vmm_allocation(s: &State, handle: u64) -> Option<(usize, u64)> {
+    s.allocs
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&(Kind::Vmm as u8, handle)).copied())
+}
+
+/// The properties a VMM handle was created with: pinned device memory of its device.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut PropHead,
+    handle: u64,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let alloc = vmm_allocation(s, handle);
+        let Some((dev, _)) = alloc else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let head = PropHead {
+            alloc_type: 1,
+            handle_types: 0,
+            location_type: 1,
+            location_id: dev as c_int,
+        };
+        // SAFETY: put rejects a null `prop`; the caller's CUmemAllocationProp starts with these
+        // four ints.
+        unsafe { put(prop, head) }
+    })
+}
+
+/// The handle mapped at `addr` (the allocation is retained: a `cuMemRelease` balances it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         tri!(state());
+        match vram::find(addr) {
+            // SAFETY: put rejects a null `handle`; otherwise the caller's out-slot.
+            Some((_, r)) if r.kind == vram::RegionKind::Mapped => {
+                let mut refs = VMM_RETAINS.lock().unwrap_or_else(|e| e.into_inner());
+                *refs
+                    .get_or_insert_with(HashMap::new)
+                    .entry(r.pool)
+                    .or_insert(0) += 1;
+                // SAFETY: put rejects a null `handle`; otherwise the caller's out-slot.
+                unsafe { put(handle, r.pool) }
+            }
+            _ => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        if !vram::reserved_covers(ptr, size as u64) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        vram::forget_range(ptr, size as u64);
+        tri!(vram::remap_fixed(ptr, size as u64, libc::PROT_NONE));
         CUDA_SUCCESS
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemSetAccess(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _desc: *const c_void,
-    _count: usize,
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const c_void,
+    count: usize,
 ) -> CUresult {
     guard(|| {
         tri!(state());
+        if desc.is_null() || count == 0 || !vram::covers(ptr, size as u64) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         CUDA_SUCCESS
     })
 }
@@ -1014,6 +1171,8 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMemMap,
             cuMemUnmap,
             cuMemSetAccess,
+            cuMemGetAllocationPropertiesFromHandle,
+            cuMemRetainAllocationHandle,
             cuArrayCreate_v2,
             cuArray3DCreate_v2,
             cuMipmappedArrayCreate,
@@ -1022,19 +1181,69 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuGetErrorString,
             cuGetProcAddress,
             cuGetProcAddress_v2,
+            cuGetExportTable,
         );
         t.extend(exec::exports());
+        t.extend(pools::exports());
+        t.extend(memops::exports());
+        t.extend(devctx::exports());
+        t.extend(streams::exports());
+        t.extend(functions::exports());
+        t.extend(unsupported::exports());
         t
     })
 }
 
+/// Versioned variants whose signature or meaning changed, with the CUDA version that brought
+/// them: a program built for an older CUDA asking for the base name gets the older variant.
+/// Variants not listed here behave as their predecessors and are handed out at any version.
+const INTRODUCED: &[(&str, i32)] = &[
+    ("cuCtxCreate_v3", 11040),
+    ("cuCtxCreate_v4", 12050),
+    ("cuCtxGetDevice_v2", 13000),
+    ("cuCtxSynchronize_v2", 13000),
+    ("cuEventElapsedTime_v2", 12080),
+    ("cuStreamBeginCapture_v2", 10010),
+    ("cuStreamGetCtx_v2", 12050),
+    ("cuStreamGetCaptureInfo_v2", 11030),
+    ("cuStreamGetCaptureInfo_v3", 12030),
+    ("cuMemAdvise_v2", 12020),
+    ("cuMemPrefetchAsync_v2", 12020),
+    ("cuGraphInstantiate_v2", 11000),
+    ("cuGraphExecUpdate_v2", 12000),
+    ("cuGraphAddNode_v2", 12030),
+    ("cuGraphGetEdges_v2", 12030),
+    ("cuGraphNodeGetDependencies_v2", 12030),
+    ("cuGraphNodeGetDependentNodes_v2", 12030),
+    ("cuGraphAddDependencies_v2", 12030),
+    ("cuGraphRemoveDependencies_v2", 12030),
+    ("cuStreamUpdateCaptureDependencies_v2", 12030),
+    ("cuMemcpyBatchAsync_v2", 13000),
+    ("cuMemcpy3DBatchAsync_v2", 13000),
+];
+
+fn introduced(name: &str) -> i32 {
+    let base = name
+        .strip_suffix("_ptsz")
+        .or_else(|| name.strip_suffix("_ptds"))
+        .unwrap_or(name);
+    INTRODUCED.iter().find(|e| e.0 == base).map_or(0, |e| e.1)
+}
+
 /// Resolve a base name the way the driver does: per-thread-default-stream variant first when
-/// asked (flag 2), then the highest `_vN`, then the plain name.
-pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
+/// asked (flag 2), then the highest `_vN` that the asking CUDA `version` knows, then the plain
+/// name.
+pub fn resolve(symbol: &str, version: i32, flags: u64) -> Option<usize> {
     let t = exports();
-    let find = |n: &str| t.iter().find(|e| e.0 == n).map(|e| e.1);
+    let find = |n: &str| {
+        if introduced(n) > version {
+            return None;
+        }
+        t.iter().find(|e| e.0 == n).map(|e| e.1)
+    };
+    const VERSIONS: [&str; 5] = ["_v4", "_v3", "_v2", "", ""];
     if flags & 2 != 0 {
-        for v in ["_v3", "_v2", ""] {
+        for v in &VERSIONS[..4] {
             for suffix in ["_ptsz", "_ptds"] {
                 if let Some(p) = find(&format!("{symbol}{v}{suffix}")) {
                     return Some(p);
@@ -1042,8 +1251,8 @@ pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
             }
         }
     }
-    for suffix in ["_v3", "_v2", ""] {
-        if let Some(p) = find(&format!("{symbol}{suffix}")) {
+    for v in &VERSIONS[..4] {
+        if let Some(p) = find(&format!("{symbol}{v}")) {
             return Some(p);
         }
     }
@@ -1064,7 +1273,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         // SAFETY: caller passes a NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-        let found = resolve(name, flags);
+        let found = resolve(name, _cuda_version, flags);
+        trace::proc_address(name, _cuda_version, flags, found.is_some());
         // SAFETY: `pfn` was checked non-null above and `status` is checked before its write; both
         // are the caller's out-pointers per cuGetProcAddress's contract.
         unsafe {
@@ -1115,14 +1325,30 @@ mod tests {
     #[test]
     fn proc_address_versions() {
         assert_eq!(
-            resolve("cuMemAlloc", 0),
+            resolve("cuMemAlloc", 13000, 0),
             Some(cuMemAlloc_v2 as *const c_void as usize)
         );
         assert_eq!(
-            resolve("cuMemAllocAsync", 2),
+            resolve("cuMemAllocAsync", 13000, 2),
             Some(cuMemAllocAsync_ptsz as *const c_void as usize)
         );
-        assert_eq!(resolve("cuInit", 0), Some(cuInit as *const c_void as usize));
-        assert_eq!(resolve("cuNothing", 0), None);
+        assert_eq!(
+            resolve("cuInit", 2000, 0),
+            Some(cuInit as *const c_void as usize)
+        );
+        assert_eq!(resolve("cuNothing", 13000, 0), None);
+        // the version asked picks the variant
+        assert_eq!(
+            resolve("cuCtxGetDevice", 2000, 0),
+            Some(cuCtxGetDevice as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuCtxGetDevice", 13000, 0),
+            Some(devctx::cuCtxGetDevice_v2 as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoD", 3020, 2),
+            Some(memops::cuMemcpyHtoD_v2_ptds as *const c_void as usize)
+        );
     }
 }

@@ -1,0 +1,219 @@
+//! Stream-ordered memory pools beyond allocation (`lib.rs` allocates and frees): the pool each
+//! device allocates from (`cuDeviceSetMemPool`, CUDA 13's `cuMemSetMemPool`), pool attributes
+//! (release threshold and reuse flags kept, used/reserved bytes computed from the live
+//! allocations), access and trimming. Freed memory goes straight back to the device (this
+//! driver keeps no cached blocks), so "reserved" equals "used".
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use crate::driver::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CUresult, guard, put, state, tri};
+use crate::{POOL_BASE, vram};
+
+/// device → the pool `cuMemAllocAsync` uses (absent: the default pool)
+static CURRENT: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+/// (pool, attribute) → value set by `cuMemPoolSetAttribute`
+static ATTRS: Mutex<Option<HashMap<(u64, c_int), u64>>> = Mutex::new(None);
+
+pub(crate) fn current(dev: usize) -> u64 {
+    let m = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    m.as_ref()
+        .and_then(|m| m.get(&dev).copied())
+        .unwrap_or(POOL_BASE + dev as u64)
+}
+
+fn set_current(dev: usize, pool: u64) {
+    let mut m = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    m.get_or_insert_with(HashMap::new).insert(dev, pool);
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: u64) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let d = tri!(
+            usize::try_from(dev)
+                .ok()
+                .filter(|d| *d < s.devices.len())
+                .ok_or(crate::CUDA_ERROR_INVALID_DEVICE)
+        );
+        if tri!(crate::pool_device(s, pool)) != d {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        set_current(d, pool);
+        CUDA_SUCCESS
+    })
+}
+
+/// `CUmemLocation`
+#[repr(C)]
+pub struct Location {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+fn location_device(loc: *const Location) -> Result<usize, CUresult> {
+    // SAFETY: the caller's CUmemLocation, checked non-null.
+    let l = unsafe { loc.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let s = state()?;
+    if l.kind != 1 {
+        return Err(crate::driver::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    usize::try_from(l.id)
+        .ok()
+        .filter(|d| *d < s.devices.len())
+        .ok_or(crate::CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// CUDA 13: the default pool of a location (devices only here: host pools are not simulated).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetDefaultMemPool(
+    pool: *mut u64,
+    loc: *const Location,
+    _kind: c_int,
+) -> CUresult {
+    guard(|| {
+        let d = tri!(location_device(loc));
+        // SAFETY: put refuses a null `pool`; otherwise the caller's out-slot.
+        unsafe { put(pool, POOL_BASE + d as u64) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetMemPool(
+    pool: *mut u64,
+    loc: *const Location,
+    _kind: c_int,
+) -> CUresult {
+    guard(|| {
+        let d = tri!(location_device(loc));
+        // SAFETY: put refuses a null `pool`; otherwise the caller's out-slot.
+        unsafe { put(pool, current(d)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetMemPool(
+    loc: *const Location,
+    _kind: c_int,
+    pool: u64,
+) -> CUresult {
+    guard(|| {
+        let d = tri!(location_device(loc));
+        cuDeviceSetMemPool(d as c_int, pool)
+    })
+}
+
+const REUSE_FOLLOW_EVENT: c_int = 1;
+const REUSE_ALLOW_INTERNAL: c_int = 3;
+const RELEASE_THRESHOLD: c_int = 4;
+const USED_MEM_HIGH: c_int = 8;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: u64,
+    attr: c_int,
+    value: *const c_void,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(crate::pool_device(s, pool));
+        if value.is_null() || !(REUSE_FOLLOW_EVENT..=USED_MEM_HIGH).contains(&attr) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let v = if attr <= REUSE_ALLOW_INTERNAL {
+            // SAFETY: reuse attributes are ints (non-null, checked).
+            u64::from(unsafe { *value.cast::<c_int>() } as u32)
+        } else {
+            // SAFETY: the other attributes are cuuint64_t (non-null, checked).
+            unsafe { *value.cast::<u64>() }
+        };
+        let mut m = ATTRS.lock().unwrap_or_else(|e| e.into_inner());
+        m.get_or_insert_with(HashMap::new).insert((pool, attr), v);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: u64,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(crate::pool_device(s, pool));
+        if value.is_null() || !(REUSE_FOLLOW_EVENT..=USED_MEM_HIGH).contains(&attr) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let set = ATTRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&(pool, attr)).copied());
+        if attr <= REUSE_ALLOW_INTERNAL {
+            // SAFETY: reuse attributes are ints; `value` checked non-null.
+            unsafe { *value.cast::<c_int>() = set.unwrap_or(1) as c_int };
+        } else {
+            let v = match attr {
+                RELEASE_THRESHOLD => set.unwrap_or(0),
+                // reserved/used, current and high: what the pool's live allocations hold
+                _ => vram::pool_bytes(pool),
+            };
+            // SAFETY: the other attributes are cuuint64_t; `value` checked non-null.
+            unsafe { *value.cast::<u64>() = v };
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: u64, _keep: usize) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(crate::pool_device(s, pool));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolSetAccess(pool: u64, desc: *const c_void, count: usize) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(crate::pool_device(s, pool));
+        if desc.is_null() && count != 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// Read-write access from the pool's own device (`CU_MEM_ACCESS_FLAGS_PROT_READWRITE`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAccess(
+    flags: *mut c_int,
+    pool: u64,
+    _loc: *const Location,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        tri!(crate::pool_device(s, pool));
+        // SAFETY: put refuses a null `flags`; otherwise the caller's out-slot.
+        unsafe { put(flags, 3) }
+    })
+}
+
+pub(crate) fn exports() -> Vec<(&'static str, usize)> {
+    crate::driver::table!(
+        cuDeviceSetMemPool,
+        cuMemGetDefaultMemPool,
+        cuMemGetMemPool,
+        cuMemSetMemPool,
+        cuMemPoolSetAttribute,
+        cuMemPoolGetAttribute,
+        cuMemPoolTrimTo,
+        cuMemPoolSetAccess,
+        cuMemPoolGetAccess,
+    )
+}
