@@ -699,6 +699,46 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     })
 }
 
+// ---- NVLink and fabric ------------------------------------------------------------------------
+// PyTorch's CUDA allocator resolves these at its first out-of-memory report (c10 `DriverAPI`);
+// the simulated node has no NVLink topology and no fabric manager, so each answers
+// NVML_ERROR_NOT_SUPPORTED for a valid device, as a GPU without the feature does.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    d: nvmlDevice_t,
+    _link: c_uint,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| NVML_ERROR_NOT_SUPPORTED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    d: nvmlDevice_t,
+    _link: c_uint,
+    out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| NVML_ERROR_NOT_SUPPORTED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    d: nvmlDevice_t,
+    out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| NVML_ERROR_NOT_SUPPORTED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
