@@ -15,9 +15,13 @@
 //! The wheels (about 5.5 GiB installed) come from `scripts/frameworks.sh`, cached outside the
 //! clone (`/var/cache/gpufence/frameworks`): the first run downloads them, later runs nothing.
 //! The venv is bound read-only into the container, with the host's Python 3.11 and libraries.
-//! Ignored by default (the download); `make test-frameworks` runs it. Needs root and runc.
+//! The NRI path runs PyTorch too: a pod through containerd 2.3's CRI, fenced by `gpufence nri`
+//! from kubelet's record of the GPU, in every PyTorch allocator mode.
+//! Ignored by default (the download); `make test-frameworks` runs them. Needs root, runc, and
+//! for the NRI test the shared engines and the CRI client's Python (as tests/nri_e2e.rs).
 
 mod common;
+mod cri_support;
 mod runtime_support;
 
 use std::path::{Path, PathBuf};
@@ -43,8 +47,11 @@ fn programs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/frameworks")
 }
 
-/// Every check the container runs: (name, program, arguments).
-fn checks(slice: u64) -> Vec<(String, &'static str, Vec<String>)> {
+/// One check: its name, the program, its arguments.
+type Check = (String, &'static str, Vec<String>);
+
+/// Every check the container runs.
+fn checks(slice: u64) -> Vec<Check> {
     let s = slice.to_string();
     let mut v = Vec::new();
     for mode in ["default", "expandable", "async"] {
@@ -83,10 +90,45 @@ fn checks(slice: u64) -> Vec<(String, &'static str, Vec<String>)> {
     v
 }
 
-/// A read-only bind of a host path at the same place in the container.
-fn ro_bind(path: &Path) -> serde_json::Value {
-    json!({"destination": path, "source": path, "type": "bind",
-           "options": ["rbind", "ro", "nosuid", "nodev"]})
+/// (host path, container path) of what the programs need, all read-only: the venv, the host's
+/// Python 3.11 and its libraries at the same places, the programs at /opt/frameworks. Their
+/// mount points are made in `rootfs`.
+fn host_binds(venv: &Path, rootfs: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let host_python = std::fs::canonicalize(venv.join("bin/python")).unwrap();
+    let mut binds: Vec<(PathBuf, PathBuf)> = [
+        venv.to_path_buf(),
+        PathBuf::from("/usr/lib/x86_64-linux-gnu"),
+        PathBuf::from("/usr/lib/python3.11"),
+        host_python,
+    ]
+    .into_iter()
+    .map(|p| (p.clone(), p))
+    .collect();
+    binds.push((programs(), PathBuf::from("/opt/frameworks")));
+    for (host, inside) in &binds {
+        let at = rootfs.join(inside.strip_prefix("/").unwrap());
+        if host.is_dir() {
+            std::fs::create_dir_all(&at).unwrap();
+        } else {
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            std::fs::write(&at, b"").unwrap();
+        }
+    }
+    binds
+}
+
+/// The shell script a container runs: each check after its `== name` line, then `== end`.
+fn container_script(python: &Path, checks: &[Check]) -> String {
+    let mut script = String::from("cd /tmp; export HOME=/tmp\n");
+    for (name, prog, args) in checks {
+        script.push_str(&format!(
+            "echo '== {name}'; {} /opt/frameworks/{prog} {} 2>&1 | grep -v '^gpufence: '\n",
+            python.display(),
+            args.join(" ")
+        ));
+    }
+    script.push_str("echo '== end'\n");
+    script
 }
 
 /// The `== name` separated output of each check, with its verdict line.
@@ -122,15 +164,7 @@ fn torch_and_cupy_are_held_to_their_slice_inside_a_gpufence_container() {
     let s = common::scratch("frameworks-ctr");
     let n = node(&s, 1, &[]);
 
-    let mut script = String::from("cd /tmp; export HOME=/tmp\n");
-    for (name, prog, args) in checks(SLICE) {
-        script.push_str(&format!(
-            "echo '== {name}'; {} /opt/frameworks/{prog} {} 2>&1 | grep -v '^gpufence: '\n",
-            python.display(),
-            args.join(" ")
-        ));
-    }
-    script.push_str("echo '== end'\n");
+    let script = container_script(&python, &checks(SLICE));
     let b = runtime_support::bundle(
         &s,
         "bundle",
@@ -142,43 +176,32 @@ fn torch_and_cupy_are_held_to_their_slice_inside_a_gpufence_container() {
         &[],
     );
     let rootfs = common::glibc_rootfs(&b);
-    let host_python = std::fs::canonicalize(&python).unwrap();
-    let binds: Vec<PathBuf> = vec![
-        venv.clone(),
-        PathBuf::from("/usr/lib/x86_64-linux-gnu"),
-        PathBuf::from("/usr/lib/python3.11"),
-        host_python.clone(),
-    ];
-    for p in &binds {
-        let inside = rootfs.join(p.strip_prefix("/").unwrap());
-        if p.is_dir() {
-            std::fs::create_dir_all(&inside).unwrap();
-        } else {
-            std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
-            std::fs::write(&inside, b"").unwrap();
-        }
-    }
-    std::fs::create_dir_all(rootfs.join("opt/frameworks")).unwrap();
+    let binds = host_binds(&venv, &rootfs);
     let cfg_path = b.join("config.json");
     let mut cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
     let mounts = cfg["mounts"].as_array_mut().unwrap();
-    for p in &binds {
-        mounts.push(ro_bind(p));
+    for (host, inside) in &binds {
+        mounts.push(
+            json!({"destination": inside, "source": host, "type": "bind",
+                           "options": ["rbind", "ro", "nosuid", "nodev"]}),
+        );
     }
-    mounts.push(
-        json!({"destination": "/opt/frameworks", "source": programs(), "type": "bind",
-                       "options": ["rbind", "ro"]}),
-    );
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
 
     let (code, out, err) = runtime_support::run_and_delete(&n, &s, &b, "frameworks");
     let ctx = format!("container output:\n{out}\nstderr:\n{err}");
     assert_eq!(code, 0, "gpufence-runtime run failed: {ctx}");
     println!("{out}");
-    let got = sections(&out);
+    assert_held(&out, &checks(SLICE), &ctx);
+    control_without_gpufence(&n.dir, &python);
+}
+
+/// Every check ran, in order, said `verdict ok`, saw the slice and stopped within it.
+fn assert_held(out: &str, checks: &[Check], ctx: &str) {
+    let got = sections(out);
     let names: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
-    let mut want: Vec<String> = checks(SLICE).into_iter().map(|c| c.0).collect();
+    let mut want: Vec<String> = checks.iter().map(|c| c.0.clone()).collect();
     want.push("end".into());
     assert_eq!(names, want, "{ctx}");
     for (name, section) in got.iter().filter(|g| g.0 != "end") {
@@ -200,7 +223,6 @@ fn torch_and_cupy_are_held_to_their_slice_inside_a_gpufence_container() {
         };
         assert!(allocated <= room, "{name}: {section}");
     }
-    control_without_gpufence(&n.dir, &python);
 }
 
 /// The same programs on the same simulated node, without gpufence: the whole GPU, and past 4 GiB.
@@ -227,4 +249,47 @@ fn control_without_gpufence(node_dir: &Path, python: &Path) {
             );
         }
     }
+}
+
+/// PyTorch in every allocator mode, the pod created through containerd 2.3's CRI and fenced by
+/// `gpufence nri` from kubelet's record (GPU 1 of two, 4 GiB).
+#[test]
+#[ignore = "downloads the PyTorch and CuPy wheels (about 5.5 GiB) once: make test-frameworks"]
+fn torch_is_held_to_its_slice_in_a_pod_fenced_through_nri() {
+    let Some((bin, py)) = cri_support::prerequisites() else {
+        return;
+    };
+    let venv = frameworks_venv();
+    let python = venv.join("bin/python");
+    let (s, node, cdir, _, c) =
+        cri_support::gpu1::gpu1_node(&bin, "frameworks-nri", &["torch-pod"]);
+    let rootfs = common::glibc_rootfs(&s.join("image-src-python"));
+    let binds = host_binds(&venv, &rootfs);
+    cri_support::import_rootfs(&s, &c, "python", &rootfs, &["PATH=/bin:/usr/bin"]);
+    let _plugin =
+        cri_support::spawn_nri(&node.config, &cdir.join("nri.sock"), &s.join("nri.stderr"));
+    cri_support::wait_registered(&node.log, 1);
+
+    let torch: Vec<Check> = checks(SLICE)
+        .into_iter()
+        .filter(|c| c.1 == "torch_slice.py")
+        .collect();
+    let mut req = cri_support::gpu1::gpu1_request("4Gi", "localhost/python:test");
+    req["timeout"] = json!(300);
+    req["mounts"] = binds
+        .iter()
+        .map(|(h, i)| json!({"host_path": h, "container_path": i, "readonly": true}))
+        .collect();
+    let r = cri_support::request(
+        &py,
+        &c.sock,
+        &s,
+        "torch-pod",
+        &container_script(&python, &torch),
+        req,
+    );
+    assert_eq!(r["stage"], "done", "{r}");
+    let out = r["log"].as_str().unwrap();
+    println!("{out}");
+    assert_held(out, &torch, out);
 }
