@@ -317,6 +317,74 @@ fn vmm_async_pool_managed_pitch_and_array_allocations_count() {
     }
 }
 
+/// Issue 33: memory a CUDA graph holds (stream-ordered allocations captured into it) counts
+/// from the graph's first launch, not at capture, stays counted while the instantiation lives
+/// (also for the allocation the graph freed itself), and after it is destroyed until the device's
+/// graph memory is trimmed. A launch whose graph does not fit fails before the driver runs it.
+#[test]
+fn graph_memory_counts_from_launch_until_trim() {
+    let Some(node) = Node::new("shim-graphmem", &[1024]) else {
+        return;
+    };
+    let quota = 100 * MIB;
+    for mode in MODES {
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, quota)])));
+        let m = |n: u64| (n * MIB).to_string();
+        let out = node.run(
+            mode,
+            &st,
+            &[
+                "info",
+                "graphmem",
+                &m(20),
+                "info",
+                "graphmem",
+                &m(40),
+                "info",
+                "alloc",
+                &m(61),
+                "graphtrim",
+                "info",
+                "alloc",
+                &m(61),
+                "info",
+            ],
+        );
+        let infos: Vec<String> = lines(&out, "info").iter().map(|l| l.to_string()).collect();
+        let q = quota.to_string();
+        assert_eq!(
+            infos,
+            vec![
+                format!("info {q} {q}"),
+                format!("info {} {q}", 60 * MIB),
+                format!("info {} {q}", 60 * MIB),
+                format!("info {q} {q}"),
+                format!("info {} {q}", 39 * MIB),
+            ],
+            "{mode}: {out}"
+        );
+        // 2 × 20 MiB held by the first graph; the second (2 × 40 MiB) does not fit
+        assert!(
+            out.contains(&format!("graphmem {} ok", 40 * MIB)),
+            "{mode}: {out}"
+        );
+        assert!(
+            out.contains(&format!("graphmem {} err 2", 80 * MIB)),
+            "{mode}: {out}"
+        );
+        // while the graph holds 40 MiB, 61 MiB more does not fit; after the trim it does
+        assert!(
+            out.contains(&format!("alloc {} err 2", 61 * MIB)),
+            "{mode}: {out}"
+        );
+        assert!(out.contains("graphtrim ok"), "{mode}: {out}");
+        assert!(
+            out.contains(&format!("alloc {} ok", 61 * MIB)),
+            "{mode}: {out}"
+        );
+    }
+}
+
 #[test]
 fn without_quota_the_shim_passes_through() {
     let Some(node) = Node::new("shim-none", &[256]) else {

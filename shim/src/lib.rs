@@ -27,6 +27,8 @@
 //! - `table`, `state`, `explain`, `cores`: the per-process handle table, the quota and the
 //!   accounting region, the refusal's one line, the compute-share pacing;
 //! - `enforce`: holding one driver call to the quota (charge, call, record or roll back);
+//! - `graphmem`: the memory CUDA graphs hold (charged at a graph's first launch, released by a
+//!   trim after its instantiation is destroyed);
 //! - `exports/`: the exports, one file per API (`cuda_memory`, `cuda_launch`, `nvml`);
 //! - `interpose`: which export stands for which driver function, and `cuGetProcAddress`;
 //! - `exports/dl`: `dlsym`/`dlvsym`, handing out the exports by name through `interpose`.
@@ -41,6 +43,7 @@ mod enforce;
 mod explain;
 mod exports;
 mod ffi;
+mod graphmem;
 mod interpose;
 mod real;
 mod state;

@@ -282,6 +282,13 @@ reals! {
     cuLaunchCooperativeKernel: Cuda c"cuLaunchCooperativeKernel" fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, usize, *mut Ptr) -> c_int;
     cuLaunchCooperativeKernel_ptsz: Cuda c"cuLaunchCooperativeKernel_ptsz" fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, usize, *mut Ptr) -> c_int;
     cuGraphLaunch: Cuda c"cuGraphLaunch" fn(usize, usize) -> c_int;
+    cuGraphInstantiateWithFlags: Cuda c"cuGraphInstantiateWithFlags" fn(*mut usize, usize, u64) -> c_int;
+    cuGraphInstantiateWithParams: Cuda c"cuGraphInstantiateWithParams" fn(*mut usize, usize, *mut c_void) -> c_int;
+    cuGraphInstantiateWithParams_ptsz: Cuda c"cuGraphInstantiateWithParams_ptsz" fn(*mut usize, usize, *mut c_void) -> c_int;
+    cuGraphInstantiate_v2: Cuda c"cuGraphInstantiate_v2" fn(*mut usize, usize, *mut usize, *mut c_char, usize) -> c_int;
+    cuGraphExecDestroy: Cuda c"cuGraphExecDestroy" fn(usize) -> c_int;
+    cuGraphDestroy: Cuda c"cuGraphDestroy" fn(usize) -> c_int;
+    cuDeviceGraphMemTrim: Cuda c"cuDeviceGraphMemTrim" fn(c_int) -> c_int;
     cuGraphLaunch_ptsz: Cuda c"cuGraphLaunch_ptsz" fn(usize, usize) -> c_int;
     cuStreamBeginCapture: Cuda c"cuStreamBeginCapture" fn(usize) -> c_int;
     cuStreamBeginCapture_ptsz: Cuda c"cuStreamBeginCapture_ptsz" fn(usize) -> c_int;

@@ -22,6 +22,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpufence_mock_node::timeline::{self, Me, Timeline};
 
+use crate::graphmem;
+
 use crate::driver::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUresult, current_device, guard, put, state,
@@ -47,6 +49,8 @@ pub(crate) struct Stream {
     pub(crate) dev: usize,
     pub(crate) tail: u64,
     pub(crate) capture: Option<Vec<u64>>,
+    /// bytes of the graph allocations made during the capture (graphmem.rs)
+    pub(crate) capture_mem: u64,
 }
 
 pub(crate) struct Exec {
@@ -157,6 +161,7 @@ pub(crate) fn with_stream<R>(
         dev,
         tail: 0,
         capture: None,
+        capture_mem: 0,
     });
     f(e, stream)
 }
@@ -426,6 +431,7 @@ pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, _flags: c_uint) -> CUresu
                 dev,
                 tail: 0,
                 capture: None,
+                capture_mem: 0,
             },
         );
         // SAFETY: the caller's out-pointer (put refuses NULL).
@@ -646,6 +652,7 @@ fn begin_capture(s: usize, ptsz: bool) -> CUresult {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
             st.capture = Some(Vec::new());
+            st.capture_mem = 0;
             Ok(())
         });
         r.err().unwrap_or(CUDA_SUCCESS)
@@ -677,6 +684,7 @@ fn end_capture(s: usize, ptsz: bool, graph: *mut usize) -> CUresult {
         let r = with_stream(s, ptsz, |e, st| {
             let kernels = st.capture.take().ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let h = new_handle();
+            graphmem::captured_graph(h, st.dev, std::mem::take(&mut st.capture_mem));
             lock(&e.graphs).insert(h, kernels);
             Ok(h)
         });
@@ -706,6 +714,57 @@ pub(crate) fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult
             Err(e) => e,
         },
     )
+}
+
+/// Whether stream `s` captures (graph allocations instead of memory).
+pub(crate) fn capturing(s: usize, ptsz: bool) -> Result<bool, CUresult> {
+    with_stream(s, ptsz, |_, st| Ok(st.capture.is_some()))
+}
+
+/// A memory node of the graph being captured on `s`: its address (lazily backed, `vram.rs`),
+/// its bytes added to the graph (`graphmem.rs`).
+pub(crate) fn captured_alloc(
+    s: usize,
+    ptsz: bool,
+    dev: usize,
+    bytes: u64,
+) -> Result<u64, CUresult> {
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = crate::vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE)
+        .ok_or(crate::driver::CUDA_ERROR_OUT_OF_MEMORY)?;
+    with_stream(s, ptsz, |_, st| {
+        st.capture_mem = st.capture_mem.saturating_add(bytes);
+        Ok(())
+    })?;
+    crate::vram::insert(p, bytes, dev, crate::vram::RegionKind::Device, 0);
+    graphmem::note_address(p);
+    Ok(p)
+}
+
+/// The nodes of a graph: one per kernel (handles are the graph's own, numbered).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetNodes(g: usize, nodes: *mut usize, n: *mut usize) -> CUresult {
+    guard(|| {
+        let k = match graph_kernels(g) {
+            Ok(k) => k,
+            Err(e) => return e,
+        };
+        if n.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `n` checked non-null; `nodes`, when given, holds `*n` slots (caller contract).
+        unsafe {
+            if !nodes.is_null() {
+                for i in 0..(*n).min(k.len()) {
+                    *nodes.add(i) = g + 1 + i;
+                }
+            }
+            *n = k.len();
+        }
+        CUDA_SUCCESS
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -743,12 +802,14 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         };
         let h = new_handle();
         lock(&e.graphs).insert(h, k);
+        graphmem::instantiated(h, graph);
         // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(exec_out, h) }
     })
 }
 
 fn destroy_graph(g: usize) -> CUresult {
+    graphmem::destroyed(g);
     guard(|| match exec() {
         Ok(e) => match lock(&e.graphs).remove(&g) {
             Some(_) => CUDA_SUCCESS,
@@ -770,7 +831,10 @@ pub extern "C" fn cuGraphExecDestroy(g: usize) -> CUresult {
 
 fn graph_launch(g: usize, s: usize, ptsz: bool) -> CUresult {
     guard(|| match graph_kernels(g) {
-        Ok(k) => enqueue(s, ptsz, &k),
+        Ok(k) => match graphmem::launching(g) {
+            Ok(()) => enqueue(s, ptsz, &k),
+            Err(e) => e,
+        },
         Err(e) => e,
     })
 }
@@ -833,6 +897,7 @@ pub fn exports() -> Vec<(&'static str, usize)> {
         cuGraphExecDestroy,
         cuGraphLaunch,
         cuGraphLaunch_ptsz,
+        cuGraphGetNodes,
     )
 }
 

@@ -33,7 +33,7 @@ pub use driver::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUdevice, CUdeviceptr, CUresult,
 };
-use driver::{Kind, device, pci_numbers};
+use driver::{Kind, charge, device, pci_numbers, uncharge};
 use pools::{POOL_BASE, pool_device};
 
 mod attrs;
@@ -41,6 +41,7 @@ mod dark;
 mod devctx;
 mod driver;
 mod functions;
+mod graphmem;
 mod integrity;
 mod limits;
 mod memops;
@@ -150,20 +151,6 @@ fn build_state() -> Result<State, String> {
     })
 }
 
-fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
-    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-    d.used
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-            u.checked_add(bytes).filter(|n| *n <= d.total)
-        })
-        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-    if !limits::charge(&s.limits, dev, bytes) {
-        d.used.fetch_sub(bytes, Ordering::AcqRel);
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    Ok(())
-}
-
 fn record(s: &State, kind: Kind, handle: u64, dev: usize, bytes: u64) {
     if let Ok(mut m) = s.allocs.lock() {
         m.insert((kind as u8, handle), (dev, bytes));
@@ -182,10 +169,7 @@ fn release(kind: Kind, handle: u64) -> CUresult {
         .and_then(|mut m| m.remove(&(kind as u8, handle)));
     match removed {
         Some((dev, bytes)) => {
-            if let Some(d) = s.devices.get(dev) {
-                d.used.fetch_sub(bytes, Ordering::AcqRel);
-                limits::release(&s.limits, dev, bytes);
-            }
+            uncharge(s, dev, bytes);
             if matches!(kind, Kind::Linear)
                 && let Some(r) = vram::remove(handle)
             {
@@ -211,10 +195,7 @@ fn alloc_linear(
     }
     charge(s, dev, bytes)?;
     let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
-        if let Some(d) = s.devices.get(dev) {
-            d.used.fetch_sub(bytes, Ordering::AcqRel);
-            limits::release(&s.limits, dev, bytes);
-        }
+        uncharge(s, dev, bytes);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     vram::insert(p, bytes, dev, region, pool);
@@ -595,13 +576,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let dev = tri!(current_device(s));
-        // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr`
-        // before writing); only forwarded, from the current device's pool.
-        unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pools::current(dev), stream) }
-    })
+    // SAFETY: the caller's out-slot, passed on (null-checked there).
+    unsafe { alloc_async(dptr, bytes, None, stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -610,9 +586,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocAsync (which null-checks `dptr` before writing);
-    // only forwarded.
-    unsafe { cuMemAllocAsync(dptr, bytes, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, None, stream, true) }
 }
 
 #[unsafe(no_mangle)]
@@ -620,24 +595,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: u64,
-    _stream: usize,
+    stream: usize,
 ) -> CUresult {
-    guard(|| {
-        if dptr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let s = tri!(state());
-        let dev = tri!(pool_device(s, pool));
-        let p = tri!(alloc_linear(
-            dev,
-            bytes as u64,
-            vram::RegionKind::Device,
-            pool
-        ));
-        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUdeviceptr.
-        unsafe { put(dptr, p) }
-    })
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -647,13 +608,51 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: u64,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr` before
-    // writing); only forwarded.
-    unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, true) }
 }
 
+/// A stream-ordered allocation from `pool` (None: the current device's). On a capturing stream
+/// it becomes a memory node of the graph (`graphmem.rs`): an address now, memory at launch.
+unsafe fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<u64>,
+    stream: usize,
+    ptsz: bool,
+) -> CUresult {
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = match pool {
+            Some(p) => tri!(pool_device(s, p)),
+            None => tri!(current_device(s)),
+        };
+        let pool = pool.unwrap_or_else(|| pools::current(dev));
+        let p = if tri!(exec::capturing(stream, ptsz)) {
+            tri!(exec::captured_alloc(stream, ptsz, dev, bytes as u64))
+        } else {
+            tri!(alloc_linear(
+                dev,
+                bytes as u64,
+                vram::RegionKind::Device,
+                pool
+            ))
+        };
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
+        unsafe { put(dptr, p) }
+    })
+}
+
+/// A graph's allocation (freed by the graph itself, `graphmem.rs`) or an ordinary one.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult {
+    if graphmem::is_graph_address(dptr) {
+        return guard(|| state().err().unwrap_or(CUDA_SUCCESS));
+    }
     cuMemFree_v2(dptr)
 }
 
@@ -1115,6 +1114,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         );
         t.extend(exec::exports());
         t.extend(pools::exports());
+        t.extend(graphmem::exports());
         t.extend(memops::exports());
         t.extend(devctx::exports());
         t.extend(streams::exports());

@@ -105,9 +105,6 @@ unsupported! {
     ]
     /// explicit graph construction
     [
-        cuDeviceGetGraphMemAttribute,
-        cuDeviceGraphMemTrim,
-        cuDeviceSetGraphMemAttribute,
         cuGraphAddChildGraphNode,
         cuGraphAddDependencies,
         cuGraphAddEmptyNode,
@@ -149,7 +146,6 @@ unsupported! {
         cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams,
         cuGraphGetEdges,
-        cuGraphGetNodes,
         cuGraphGetRootNodes,
         cuGraphHostNodeGetParams,
         cuGraphHostNodeSetParams,

@@ -1,7 +1,8 @@
 //! The CUDA driver's memory calls: every way to allocate device memory (linear, pitched, managed,
 //! stream-ordered and from pools, VMM handles, arrays) is charged to the container's quota
 //! before the driver runs and released when the driver freed it; `cuMemGetInfo` and
-//! `cuDeviceTotalMem` report the container's slice of the device.
+//! `cuDeviceTotalMem` report the container's slice of the device. Stream-ordered allocations
+//! made while a stream captures belong to the graph (`graphmem`).
 
 use std::ffi::{c_int, c_uint};
 
@@ -13,8 +14,9 @@ use crate::ffi::{
     ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
     LOCATION_DEVICE, PropHead,
 };
+use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
-use crate::{real, state};
+use crate::{cores, graphmem, real, state};
 
 // Linear memory
 
@@ -139,15 +141,36 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 
 // Stream-ordered allocator
 
+/// A stream-ordered allocation: charged as any other, except on a capturing stream, where it is
+/// a memory node of the graph being captured, charged when the graph runs (`graphmem`).
+#[inline]
+fn stream_ordered(
+    e: Option<(&'static Config, Acct)>,
+    what: &str,
+    bytes: u64,
+    (stream, ptsz): (usize, bool),
+    call: impl FnOnce() -> CUresult,
+    handle: impl FnOnce() -> u64,
+) -> CUresult {
+    if e.is_some() && cores::capturing(stream, ptsz) {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            graphmem::captured_alloc(stream, ptsz, bytes);
+        }
+        return r;
+    }
+    charged(e, what, Kind::Linear, bytes, call, handle)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync);
-        charged(
+        stream_ordered(
             enforce_current(),
             "cuMemAllocAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, false),
             // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
             // exact C signature); the application's arguments go through unchanged under the CUDA
             // caller contract.
@@ -167,11 +190,11 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync_ptsz);
-        charged(
+        stream_ordered(
             enforce_current(),
             "cuMemAllocAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, true),
             // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
             // to its exact C signature); the application's arguments go through unchanged under the
             // CUDA caller contract.
@@ -192,11 +215,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync);
-        charged(
+        stream_ordered(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, false),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
@@ -217,11 +240,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync_ptsz);
-        charged(
+        stream_ordered(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, true),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync_ptsz (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
