@@ -48,6 +48,7 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
                     | "cuStreamSynchronize"
                     | "cuStreamQuery"
                     | "cuCtxSynchronize"
+                    | "cuGraphCreate"
                     | "cuEventCreate"
                     | "cuEventRecord"
                     | "cuEventQuery"
@@ -321,6 +322,7 @@ fn vmm_async_pool_managed_pitch_and_array_allocations_count() {
 /// from the graph's first launch, not at capture, stays counted while the instantiation lives
 /// (also for the allocation the graph freed itself), and after it is destroyed until the device's
 /// graph memory is trimmed. A launch whose graph does not fit fails before the driver runs it.
+/// The same for a memory node added by hand (`cuGraphAddMemAllocNode`).
 #[test]
 fn graph_memory_counts_from_launch_until_trim() {
     let Some(node) = Node::new("shim-graphmem", &[1024]) else {
@@ -348,6 +350,11 @@ fn graph_memory_counts_from_launch_until_trim() {
                 "alloc",
                 &m(61),
                 "info",
+                "graphnode",
+                &m(30),
+                "graphnode",
+                &m(10),
+                "info",
             ],
         );
         let infos: Vec<String> = lines(&out, "info").iter().map(|l| l.to_string()).collect();
@@ -360,6 +367,7 @@ fn graph_memory_counts_from_launch_until_trim() {
                 format!("info {} {q}", 60 * MIB),
                 format!("info {q} {q}"),
                 format!("info {} {q}", 39 * MIB),
+                format!("info {} {q}", 9 * MIB),
             ],
             "{mode}: {out}"
         );
@@ -378,6 +386,15 @@ fn graph_memory_counts_from_launch_until_trim() {
             "{mode}: {out}"
         );
         assert!(out.contains("graphtrim ok"), "{mode}: {out}");
+        // a graph built by hand with a 30 MiB memory node, on top of the 61 MiB allocation
+        assert!(
+            out.contains(&format!("graphnode {} ok", 30 * MIB)),
+            "{mode}: {out}"
+        );
+        assert!(
+            out.contains(&format!("graphnode {} err 2", 10 * MIB)),
+            "{mode}: {out}"
+        );
         assert!(
             out.contains(&format!("alloc {} ok", 61 * MIB)),
             "{mode}: {out}"

@@ -7,7 +7,8 @@
 //! captured free (as for any allocation) would count nothing for what the graph holds while
 //! it runs, so instead:
 //!
-//! - a captured allocation is not charged; its bytes add up per capturing stream;
+//! - a captured allocation is not charged; its bytes add up per capturing stream (or per graph
+//!   for a memory node added explicitly, `cuGraphAddMemAllocNode`);
 //! - `cuStreamEndCapture` gives the sum to the graph, `cuGraphInstantiate*` to the instantiation;
 //! - the first launch of the instantiation charges it (refused: the launch fails with
 //!   `CUDA_ERROR_OUT_OF_MEMORY` before the driver takes anything);
@@ -61,6 +62,19 @@ pub fn capture_ended(stream: usize, ptsz: bool, graph: usize) {
     if let Some(v) = table::take(Kind::CaptureMem, stream_key(stream, ptsz)) {
         table::insert(Kind::GraphMem, graph as u64, v);
     }
+}
+
+/// A memory node of `bytes` on CUDA ordinal `dev` was added to `graph` (explicit construction).
+pub fn added_to_graph(graph: usize, dev: c_int, bytes: u64) {
+    let Ok(dev) = usize::try_from(dev) else {
+        return;
+    };
+    let before = table::take(Kind::GraphMem, graph as u64).map_or(0, |v| table::unpack(v).1);
+    table::insert(
+        Kind::GraphMem,
+        graph as u64,
+        table::pack(dev, before.saturating_add(bytes)),
+    );
 }
 
 /// `exec` was instantiated from `graph`.

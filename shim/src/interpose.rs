@@ -67,6 +67,7 @@ hooks!(
     cuGraphInstantiateWithParams_ptsz,
     cuGraphInstantiate_v2,
     cuGraphExecDestroy,
+    cuGraphAddMemAllocNode,
     cuGraphDestroy,
     cuDeviceGraphMemTrim,
     cuGetProcAddress,

@@ -287,6 +287,7 @@ reals! {
     cuGraphInstantiateWithParams_ptsz: Cuda c"cuGraphInstantiateWithParams_ptsz" fn(*mut usize, usize, *mut c_void) -> c_int;
     cuGraphInstantiate_v2: Cuda c"cuGraphInstantiate_v2" fn(*mut usize, usize, *mut usize, *mut c_char, usize) -> c_int;
     cuGraphExecDestroy: Cuda c"cuGraphExecDestroy" fn(usize) -> c_int;
+    cuGraphAddMemAllocNode: Cuda c"cuGraphAddMemAllocNode" fn(*mut usize, usize, *const usize, usize, *mut crate::ffi::MemAllocNodeParams) -> c_int;
     cuGraphDestroy: Cuda c"cuGraphDestroy" fn(usize) -> c_int;
     cuDeviceGraphMemTrim: Cuda c"cuDeviceGraphMemTrim" fn(c_int) -> c_int;
     cuGraphLaunch_ptsz: Cuda c"cuGraphLaunch_ptsz" fn(usize, usize) -> c_int;

@@ -743,6 +743,101 @@ pub(crate) fn captured_alloc(
     Ok(p)
 }
 
+/// An empty graph (explicit construction: memory nodes only, `cuGraphAddMemAllocNode`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphCreate(g: *mut usize, _flags: c_uint) -> CUresult {
+    guard(|| {
+        let e = match exec() {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        let h = new_handle();
+        lock(&e.graphs).insert(h, Vec::new());
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(g, h) }
+    })
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: pool properties (88 bytes: allocation type, handle types,
+/// location, ...), access descriptors, then the size and the address the node returns.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    pool_props_rest: [u8; 72],
+    access: *const c_void,
+    access_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+/// A memory node: its address now, its memory when the graph launches (`graphmem.rs`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut usize,
+    g: usize,
+    _deps: *const usize,
+    _n: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        if let Err(e) = graph_kernels(g) {
+            return e;
+        }
+        // SAFETY: the caller's node parameters (null refused).
+        let Some(p) = (unsafe { params.as_mut() }) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let st = match state() {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let dev = p.location_id;
+        if p.location_type != 1 || crate::driver::device(st, dev).is_err() || p.bytesize == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(ptr) = crate::vram::map(p.bytesize as u64, libc::PROT_READ | libc::PROT_WRITE)
+        else {
+            return crate::driver::CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        crate::vram::insert(
+            ptr,
+            p.bytesize as u64,
+            dev as usize,
+            crate::vram::RegionKind::Device,
+            0,
+        );
+        graphmem::note_address(ptr);
+        graphmem::added_to_graph(g, dev as usize, p.bytesize as u64);
+        p.dptr = ptr;
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(node, new_handle()) }
+    })
+}
+
+/// A free node of one of the graph's own allocations (its memory stays with the graph).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut usize,
+    g: usize,
+    _deps: *const usize,
+    _n: usize,
+    dptr: u64,
+) -> CUresult {
+    guard(|| {
+        if let Err(e) = graph_kernels(g) {
+            return e;
+        }
+        if !graphmem::is_graph_address(dptr) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(node, new_handle()) }
+    })
+}
+
 /// The nodes of a graph: one per kernel (handles are the graph's own, numbered).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphGetNodes(g: usize, nodes: *mut usize, n: *mut usize) -> CUresult {
@@ -898,6 +993,9 @@ pub fn exports() -> Vec<(&'static str, usize)> {
         cuGraphLaunch,
         cuGraphLaunch_ptsz,
         cuGraphGetNodes,
+        cuGraphCreate,
+        cuGraphAddMemAllocNode,
+        cuGraphAddMemFreeNode,
     )
 }
 

@@ -59,6 +59,14 @@ pub(crate) fn captured_graph(g: usize, dev: usize, bytes: u64) {
     }
 }
 
+/// A memory node of `bytes` on `dev` was added to graph `g` (explicit construction).
+pub(crate) fn added_to_graph(g: usize, dev: usize, bytes: u64) {
+    with(|b| {
+        let e = b.graphs.entry(g).or_insert((dev, 0));
+        e.1 = e.1.saturating_add(bytes);
+    });
+}
+
 /// `exec` was instantiated from `graph`.
 pub(crate) fn instantiated(exec: usize, graph: usize) {
     with(|b| {

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::{guard, real_or};
-use crate::ffi::{CUDA_SUCCESS, CUresult, LaunchConfigHead, Ptr};
+use crate::ffi::{CUDA_SUCCESS, CUresult, LaunchConfigHead, MemAllocNodeParams, Ptr};
 use crate::{cores, graphmem};
 
 /// Admit, launch, and close the measurement when this launch was sampled.
@@ -202,6 +202,28 @@ instantiate!(cuGraphInstantiateWithFlags(flags: u64));
 instantiate!(cuGraphInstantiateWithParams(params: *mut c_void));
 instantiate!(cuGraphInstantiateWithParams_ptsz(params: *mut c_void));
 instantiate!(cuGraphInstantiate_v2(err_node: *mut usize, log: *mut c_char, log_size: usize));
+
+/// An explicit memory node: its bytes belong to the graph (`graphmem`), charged at launch.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut usize,
+    graph: usize,
+    deps: *const usize,
+    n: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        let real = real_or!(cuGraphAddMemAllocNode);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { real(node, graph, deps, n, params) };
+        if r == CUDA_SUCCESS && !params.is_null() {
+            // SAFETY: the caller's node parameters (non-null), read after the driver succeeded.
+            let p = unsafe { &*params };
+            graphmem::added_to_graph(graph, p.head.location_id, p.bytesize as u64);
+        }
+        r
+    })
+}
 
 /// The driver's `$name($arg)`, then, when it succeeded, `graphmem::$then($arg)`.
 macro_rules! then_note {
