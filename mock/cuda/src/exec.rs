@@ -468,6 +468,7 @@ fn sync_stream(s: usize, ptsz: bool) -> CUresult {
     guard(|| match stream_tail(s, ptsz) {
         Ok(t) => {
             timeline::sleep_until(t);
+            crate::pools::synchronized();
             CUDA_SUCCESS
         }
         Err(e) => e,
@@ -520,6 +521,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
             .max()
             .unwrap_or(0);
         timeline::sleep_until(t);
+        crate::pools::synchronized();
         CUDA_SUCCESS
     })
 }
@@ -614,6 +616,7 @@ pub extern "C" fn cuEventSynchronize(ev: usize) -> CUresult {
     guard(|| match event_time(ev) {
         Ok(t) => {
             timeline::sleep_until(t.unwrap_or(0));
+            crate::pools::synchronized();
             CUDA_SUCCESS
         }
         Err(e) => e,

@@ -567,7 +567,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const PropHead)
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
-    guard(|| release(Kind::Pool, pool))
+    guard(|| {
+        let r = release(Kind::Pool, pool);
+        if r == CUDA_SUCCESS {
+            pools::destroyed(pool);
+        }
+        r
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -612,6 +618,27 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     unsafe { alloc_async(dptr, bytes, Some(pool), stream, true) }
 }
 
+/// An allocation of `pool`: what the pool keeps is reused first, the rest taken from the device.
+fn alloc_from_pool(dev: usize, bytes: u64, pool: u64) -> Result<u64, CUresult> {
+    let s = state()?;
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let reused = pools::reuse(pool, bytes);
+    if let Err(e) = charge(s, dev, bytes - reused) {
+        pools::returned(pool, dev, reused);
+        return Err(e);
+    }
+    let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
+        uncharge(s, dev, bytes - reused);
+        pools::returned(pool, dev, reused);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    vram::insert(p, bytes, dev, vram::RegionKind::Device, pool);
+    record(s, Kind::Linear, p, dev, bytes);
+    Ok(p)
+}
+
 /// A stream-ordered allocation from `pool` (None: the current device's). On a capturing stream
 /// it becomes a memory node of the graph (`graphmem.rs`): an address now, memory at launch.
 unsafe fn alloc_async(
@@ -634,12 +661,7 @@ unsafe fn alloc_async(
         let p = if tri!(exec::capturing(stream, ptsz)) {
             tri!(exec::captured_alloc(stream, ptsz, dev, bytes as u64))
         } else {
-            tri!(alloc_linear(
-                dev,
-                bytes as u64,
-                vram::RegionKind::Device,
-                pool
-            ))
+            tri!(alloc_from_pool(dev, bytes as u64, pool))
         };
         // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
@@ -647,13 +669,33 @@ unsafe fn alloc_async(
     })
 }
 
-/// A graph's allocation (freed by the graph itself, `graphmem.rs`) or an ordinary one.
+/// A graph's allocation (freed by the graph itself, `graphmem.rs`), a pool's (kept by the pool,
+/// `pools.rs`) or an ordinary one.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult {
-    if graphmem::is_graph_address(dptr) {
-        return guard(|| state().err().unwrap_or(CUDA_SUCCESS));
-    }
-    cuMemFree_v2(dptr)
+    guard(|| {
+        let s = tri!(state());
+        if graphmem::is_graph_address(dptr) {
+            return CUDA_SUCCESS;
+        }
+        match vram::find(dptr) {
+            Some((start, r)) if start == dptr && r.pool != 0 && r.kind == vram::RegionKind::Device => {
+                let Some((dev, bytes)) = s
+                    .allocs
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.remove(&(Kind::Linear as u8, dptr)))
+                else {
+                    return CUDA_ERROR_INVALID_VALUE;
+                };
+                vram::remove(dptr);
+                vram::unmap(dptr, r.len);
+                pools::returned(r.pool, dev, bytes);
+                CUDA_SUCCESS
+            }
+            _ => cuMemFree_v2(dptr),
+        }
+    })
 }
 
 #[unsafe(no_mangle)]
