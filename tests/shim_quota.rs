@@ -325,80 +325,106 @@ fn vmm_async_pool_managed_pitch_and_array_allocations_count() {
 /// The same for a memory node added by hand (`cuGraphAddMemAllocNode`).
 #[test]
 fn graph_memory_counts_from_launch_until_trim() {
-    let Some(node) = Node::new("shim-graphmem", &[1024]) else {
+    on_every_path_with_100_mib(
+        "shim-graphmem",
+        "info graphmem 20M info graphmem 40M info alloc 61M graphtrim info alloc \
+         61M info graphnode 30M graphnode 10M info",
+        |mode, out| {
+            let quota = 100 * MIB;
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            let q = quota.to_string();
+            assert_eq!(
+                infos,
+                vec![
+                    format!("info {q} {q}"),
+                    format!("info {} {q}", 60 * MIB),
+                    format!("info {} {q}", 60 * MIB),
+                    format!("info {q} {q}"),
+                    format!("info {} {q}", 39 * MIB),
+                    format!("info {} {q}", 9 * MIB),
+                ],
+                "{mode}: {out}"
+            );
+            for want in [
+                // 2 × 20 MiB held by the first graph; the second (2 × 40 MiB) does not fit
+                format!("graphmem {} ok", 40 * MIB),
+                format!("graphmem {} err 2", 80 * MIB),
+                // while the graph holds 40 MiB, 61 MiB more does not fit; after the trim it does
+                format!("alloc {} err 2", 61 * MIB),
+                "graphtrim ok".to_string(),
+                format!("alloc {} ok", 61 * MIB),
+                // a graph built by hand with a 30 MiB memory node, on top of the 61 MiB
+                format!("graphnode {} ok", 30 * MIB),
+                format!("graphnode {} err 2", 10 * MIB),
+            ] {
+                assert!(out.contains(&want), "{mode}: {want}: {out}");
+            }
+        },
+    );
+}
+
+/// Issue 33: memory freed into a stream-ordered pool stays with the pool (the driver keeps it for
+/// the pool's next allocations), so it stays charged: until a synchronization gives back what
+/// the pool keeps above its release threshold (0 by default), or a trim. PyTorch's
+/// `cudaMallocAsync` backend sets the threshold to the maximum: only `empty_cache` (a trim)
+/// gives the memory back, and meanwhile no other allocation may take it a second time.
+#[test]
+fn memory_a_pool_keeps_stays_charged_until_released() {
+    on_every_path_with_100_mib(
+        "shim-poolkeep",
+        "threshold max asyncfree 60M info alloc 50M ctxsync info async 50M info \
+         free pooltrim info threshold 0 asyncfree 60M info ctxsync info",
+        |mode, out| {
+            let quota = 100 * MIB;
+            let q = quota.to_string();
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            assert_eq!(
+                infos,
+                vec![
+                    // the pool keeps 60 MiB: neither a plain allocation nor a synchronization frees it
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {} {q}", 40 * MIB),
+                    // the pool's own next allocation reuses it
+                    format!("info {} {q}", 40 * MIB),
+                    // freed into the pool again, then trimmed
+                    format!("info {q} {q}"),
+                    // threshold 0: kept until the next synchronization
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {q} {q}"),
+                ],
+                "{mode}: {out}"
+            );
+            assert!(
+                out.contains(&format!("alloc {} err 2", 50 * MIB)),
+                "{mode}: {out}"
+            );
+            assert!(
+                out.contains(&format!("async {} ok", 50 * MIB)),
+                "{mode}: {out}"
+            );
+        },
+    );
+}
+
+/// Run the client with `args` (words; `NNM`: NN MiB) on every path to the driver, each under its own
+/// 100 MiB quota, and `check(mode, output)`.
+fn on_every_path_with_100_mib(name: &str, args: &str, check: impl Fn(&str, &str)) {
+    let Some(node) = Node::new(name, &[1024]) else {
         return;
     };
-    let quota = 100 * MIB;
+    let args: Vec<String> = args
+        .split_whitespace()
+        .map(
+            |a| match a.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()) {
+                Some(n) => (n * MIB).to_string(),
+                None => a.to_string(),
+            },
+        )
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for mode in MODES {
-        let st = node.state(mode, Some(&node.quota(&[(0, 0, quota)])));
-        let m = |n: u64| (n * MIB).to_string();
-        let out = node.run(
-            mode,
-            &st,
-            &[
-                "info",
-                "graphmem",
-                &m(20),
-                "info",
-                "graphmem",
-                &m(40),
-                "info",
-                "alloc",
-                &m(61),
-                "graphtrim",
-                "info",
-                "alloc",
-                &m(61),
-                "info",
-                "graphnode",
-                &m(30),
-                "graphnode",
-                &m(10),
-                "info",
-            ],
-        );
-        let infos: Vec<String> = lines(&out, "info").iter().map(|l| l.to_string()).collect();
-        let q = quota.to_string();
-        assert_eq!(
-            infos,
-            vec![
-                format!("info {q} {q}"),
-                format!("info {} {q}", 60 * MIB),
-                format!("info {} {q}", 60 * MIB),
-                format!("info {q} {q}"),
-                format!("info {} {q}", 39 * MIB),
-                format!("info {} {q}", 9 * MIB),
-            ],
-            "{mode}: {out}"
-        );
-        // 2 × 20 MiB held by the first graph; the second (2 × 40 MiB) does not fit
-        assert!(
-            out.contains(&format!("graphmem {} ok", 40 * MIB)),
-            "{mode}: {out}"
-        );
-        assert!(
-            out.contains(&format!("graphmem {} err 2", 80 * MIB)),
-            "{mode}: {out}"
-        );
-        // while the graph holds 40 MiB, 61 MiB more does not fit; after the trim it does
-        assert!(
-            out.contains(&format!("alloc {} err 2", 61 * MIB)),
-            "{mode}: {out}"
-        );
-        assert!(out.contains("graphtrim ok"), "{mode}: {out}");
-        // a graph built by hand with a 30 MiB memory node, on top of the 61 MiB allocation
-        assert!(
-            out.contains(&format!("graphnode {} ok", 30 * MIB)),
-            "{mode}: {out}"
-        );
-        assert!(
-            out.contains(&format!("graphnode {} err 2", 10 * MIB)),
-            "{mode}: {out}"
-        );
-        assert!(
-            out.contains(&format!("alloc {} ok", 61 * MIB)),
-            "{mode}: {out}"
-        );
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, 100 * MIB)])));
+        check(mode, &node.run(mode, &st, &args));
     }
 }
 

@@ -287,6 +287,12 @@ reals! {
     cuGraphInstantiateWithParams_ptsz: Cuda c"cuGraphInstantiateWithParams_ptsz" fn(*mut usize, usize, *mut c_void) -> c_int;
     cuGraphInstantiate_v2: Cuda c"cuGraphInstantiate_v2" fn(*mut usize, usize, *mut usize, *mut c_char, usize) -> c_int;
     cuGraphExecDestroy: Cuda c"cuGraphExecDestroy" fn(usize) -> c_int;
+    cuMemPoolTrimTo: Cuda c"cuMemPoolTrimTo" fn(usize, usize) -> c_int;
+    cuMemPoolSetAttribute: Cuda c"cuMemPoolSetAttribute" fn(usize, c_int, *mut u64) -> c_int;
+    cuStreamSynchronize: Cuda c"cuStreamSynchronize" fn(usize) -> c_int;
+    cuStreamSynchronize_ptsz: Cuda c"cuStreamSynchronize_ptsz" fn(usize) -> c_int;
+    cuEventSynchronize: Cuda c"cuEventSynchronize" fn(usize) -> c_int;
+    cuCtxSynchronize: Cuda c"cuCtxSynchronize" fn() -> c_int;
     cuGraphAddMemAllocNode: Cuda c"cuGraphAddMemAllocNode" fn(*mut usize, usize, *const usize, usize, *mut crate::ffi::MemAllocNodeParams) -> c_int;
     cuGraphDestroy: Cuda c"cuGraphDestroy" fn(usize) -> c_int;
     cuDeviceGraphMemTrim: Cuda c"cuDeviceGraphMemTrim" fn(c_int) -> c_int;

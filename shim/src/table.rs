@@ -29,6 +29,8 @@ pub enum Kind {
     ExecMem = 7,
     /// launched graph instantiation → what its memory was charged (quota device, bytes)
     ExecResident = 8,
+    /// stream-ordered allocation → the pool it came from (its free goes back to the pool)
+    AllocPool = 9,
 }
 
 #[repr(C)]

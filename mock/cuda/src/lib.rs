@@ -679,7 +679,9 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult 
             return CUDA_SUCCESS;
         }
         match vram::find(dptr) {
-            Some((start, r)) if start == dptr && r.pool != 0 && r.kind == vram::RegionKind::Device => {
+            Some((start, r))
+                if start == dptr && r.pool != 0 && r.kind == vram::RegionKind::Device =>
+            {
                 let Some((dev, bytes)) = s
                     .allocs
                     .lock()

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::{guard, real_or};
 use crate::ffi::{CUDA_SUCCESS, CUresult, LaunchConfigHead, MemAllocNodeParams, Ptr};
-use crate::{cores, graphmem};
+use crate::{cores, graphmem, poolmem};
 
 /// Admit, launch, and close the measurement when this launch was sampled.
 #[inline(always)]
@@ -243,5 +243,28 @@ macro_rules! then_note {
     };
 }
 then_note!(cuGraphExecDestroy(exec: usize) => exec_destroyed);
+
+/// A synchronization: memory pools give back what they keep above their release threshold
+/// (`poolmem`).
+macro_rules! sync_point {
+    ($name:ident($($arg:ident: $t:ty)?)) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $t)?) -> CUresult {
+            guard(|| {
+                let real = real_or!($name);
+                // SAFETY: the caller's argument, unchanged, to the driver's own function.
+                let r = unsafe { real($($arg)?) };
+                if r == CUDA_SUCCESS {
+                    poolmem::synchronized();
+                }
+                r
+            })
+        }
+    };
+}
+sync_point!(cuStreamSynchronize(stream: usize));
+sync_point!(cuStreamSynchronize_ptsz(stream: usize));
+sync_point!(cuEventSynchronize(event: usize));
+sync_point!(cuCtxSynchronize());
 then_note!(cuGraphDestroy(graph: usize) => graph_destroyed);
 then_note!(cuDeviceGraphMemTrim(dev: c_int) => trimmed);

@@ -16,7 +16,7 @@ use crate::ffi::{
 };
 use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
-use crate::{cores, graphmem, real, state};
+use crate::{cores, graphmem, poolmem, real, state};
 
 // Linear memory
 
@@ -141,25 +141,84 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 
 // Stream-ordered allocator
 
-/// A stream-ordered allocation: charged as any other, except on a capturing stream, where it is
-/// a memory node of the graph being captured, charged when the graph runs (`graphmem`).
+/// A stream-ordered allocation from `pool`: on a capturing stream a memory node of the graph
+/// being captured, charged when the graph runs (`graphmem`); otherwise what the pool keeps is
+/// used first and the rest charged, and the allocation is recorded with its pool so that its
+/// free goes back to the pool (`poolmem`).
 #[inline]
 fn stream_ordered(
     e: Option<(&'static Config, Acct)>,
     what: &str,
     bytes: u64,
-    (stream, ptsz): (usize, bool),
+    (stream, ptsz, pool): (usize, bool, u64),
     call: impl FnOnce() -> CUresult,
     handle: impl FnOnce() -> u64,
 ) -> CUresult {
-    if e.is_some() && cores::capturing(stream, ptsz) {
+    let Some((cfg, a)) = e else {
+        return call();
+    };
+    if cores::capturing(stream, ptsz) {
         let r = call();
         if r == CUDA_SUCCESS {
             graphmem::captured_alloc(stream, ptsz, bytes);
         }
         return r;
     }
-    charged(e, what, Kind::Linear, bytes, call, handle)
+    let reused = poolmem::reuse(pool, a.idx, bytes);
+    let fresh = bytes - reused;
+    if fresh > 0 && !charge(cfg, a, what, fresh) {
+        poolmem::keep(pool, a.idx, reused);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = call();
+    if r != CUDA_SUCCESS {
+        cfg.region.uncharge(a.idx, fresh);
+        poolmem::keep(pool, a.idx, reused);
+        return r;
+    }
+    let h = handle();
+    // a full table keeps the charge until the process exits (fail closed)
+    table::insert(Kind::Linear, h, table::pack(a.idx, bytes));
+    if pool != 0 {
+        table::insert(Kind::AllocPool, h, pool);
+    }
+    r
+}
+
+/// The pool `cuMemAllocAsync` takes from: the current device's current pool (0: unknown).
+fn current_pool() -> u64 {
+    let (Some(dev), Some(get)) = (real::cuCtxGetDevice(), real::cuDeviceGetMemPool()) else {
+        return 0;
+    };
+    let mut d: c_int = 0;
+    let mut p: usize = 0;
+    // SAFETY: real driver calls with valid out-pointers.
+    let ok = unsafe { dev(&mut d) == CUDA_SUCCESS && get(&mut p, d) == CUDA_SUCCESS };
+    if ok { p as u64 } else { 0 }
+}
+
+/// A stream-ordered free: an allocation of a pool goes back to the pool, still charged
+/// (`poolmem`); any other is released.
+fn stream_ordered_free(dptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let (Some(_), Some(pool)) = (state::config(), table::take(Kind::AllocPool, dptr)) else {
+        return released(Kind::Linear, dptr, call);
+    };
+    let taken = table::take(Kind::Linear, dptr);
+    let r = call();
+    if let Some(v) = taken {
+        if r == CUDA_SUCCESS {
+            let (d, b) = table::unpack(v);
+            if !poolmem::keep(pool, d, b)
+                && let Some(cfg) = state::config()
+            {
+                cfg.region.uncharge(d, b);
+            }
+        } else {
+            table::insert(Kind::Linear, dptr, v);
+            table::insert(Kind::AllocPool, dptr, pool);
+        }
+    }
+    r
 }
 
 #[unsafe(no_mangle)]
@@ -170,7 +229,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: u
             enforce_current(),
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, false),
+            (stream, false, current_pool()),
             // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
             // exact C signature); the application's arguments go through unchanged under the CUDA
             // caller contract.
@@ -194,7 +253,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
             enforce_current(),
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, true),
+            (stream, true, current_pool()),
             // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
             // to its exact C signature); the application's arguments go through unchanged under the
             // CUDA caller contract.
@@ -219,7 +278,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
             bytes as u64,
-            (stream, false),
+            (stream, false, pool as u64),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
@@ -244,7 +303,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
             bytes as u64,
-            (stream, true),
+            (stream, true, pool as u64),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync_ptsz (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
@@ -263,7 +322,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> CUresult {
         // SAFETY: `f` is the driver's own cuMemFreeAsync (dlsym'd, non-null, transmuted to its
         // exact C signature); the application's arguments go through unchanged under the CUDA
         // caller contract.
-        released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
+        stream_ordered_free(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -274,7 +333,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: usize) -> CUresu
         // SAFETY: `f` is the driver's own cuMemFreeAsync_ptsz (dlsym'd, non-null, transmuted to its
         // exact C signature); the application's arguments go through unchanged under the CUDA
         // caller contract.
-        released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
+        stream_ordered_free(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -317,6 +376,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
         let r = unsafe { f(pool) };
         if r == CUDA_SUCCESS && state::config().is_some() {
             let _ = table::take(Kind::Pool, pool as u64);
+            poolmem::destroyed(pool as u64);
         }
         r
     })
@@ -347,6 +407,40 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUr
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: usize, keep: usize) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemPoolTrimTo);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(pool, keep) };
+        if r == CUDA_SUCCESS {
+            poolmem::trimmed(pool as u64, keep as u64);
+        }
+        r
+    })
+}
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: what the pool keeps at a synchronization (`poolmem`).
+const RELEASE_THRESHOLD: c_int = 4;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: usize,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemPoolSetAttribute);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(pool, attr, value) };
+        if r == CUDA_SUCCESS && attr == RELEASE_THRESHOLD && !value.is_null() {
+            // SAFETY: the driver accepted it: a cuuint64_t for this attribute.
+            poolmem::set_threshold(pool as u64, unsafe { value.read() });
         }
         r
     })
