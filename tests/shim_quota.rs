@@ -1,6 +1,7 @@
 //! libgpufence.so on the simulated node, outside containers: quota held exactly through all
 //! three ways of reaching the driver, concurrent processes, reclaim after SIGKILL / exit / fork,
-//! VMM, pools, arrays, reporting, quota sources, device matching.
+//! VMM, pools (and what they keep after a free), CUDA graphs' memory, arrays, reporting, quota
+//! sources, device matching.
 //!
 //! Needs root (fake device nodes) and gcc; `cargo build --workspace` first (the cdylibs).
 
