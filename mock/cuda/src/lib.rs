@@ -143,7 +143,7 @@ fn build_state() -> Result<State, String> {
         })
         .collect();
     Ok(State {
-        driver_version: node.cuda_driver_version,
+        driver_version: node.cuda_version(),
         devices,
         allocs: Mutex::new(HashMap::new()),
         next_handle: AtomicU64::new(0x10_0000),
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
         let ver = match STATE.get() {
             Some(Ok(s)) => s.driver_version,
             _ => gpufence_mock_node::load(cuInit as *const c_void)
-                .map(|n| n.cuda_driver_version)
+                .map(|n| n.cuda_version())
                 .unwrap_or(13000),
         };
         // SAFETY: put rejects a null `v`; otherwise the CUDA driver-API contract makes it a valid,
