@@ -106,9 +106,10 @@ pub fn store(dir: &Path, src: &ConfigSource, identity: &[u8], cfg: &Config) -> s
                 Err(e)
             }
         })?;
-    if !trusted(&std::fs::symlink_metadata(dir)?) {
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() || !trusted(&m) {
         return Err(std::io::Error::other(format!(
-            "{}: not this user's directory, or writable by others",
+            "{}: not a directory of this user's, or writable by others",
             dir.display()
         )));
     }
@@ -145,7 +146,8 @@ fn trusted(m: &std::fs::Metadata) -> bool {
 
 /// The record for `config`, when it is a regular file this user owns and nobody else may write.
 fn read_record(dir: &Path, config: &Path) -> Option<Vec<u8>> {
-    if !trusted(&std::fs::symlink_metadata(dir).ok()?) {
+    let m = std::fs::symlink_metadata(dir).ok()?;
+    if !m.is_dir() || !trusted(&m) {
         return None;
     }
     let mut f = std::fs::OpenOptions::new()
@@ -299,6 +301,11 @@ mod tests {
         assert_eq!(res(None), None);
         std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(res(None), Some(runtime.clone()));
+        // Nor one reached through a symlinked directory.
+        let link = d.join("cache-link");
+        std::os::unix::fs::symlink(&cache, &link).unwrap();
+        assert_eq!(resolve(&link, &src, None), None);
+        assert!(store(&link, &src, &config_identity(&src).unwrap(), &load()).is_err());
         // Nor one that names another configuration file (a hash collision).
         let mut bytes = std::fs::read(&rec).unwrap();
         let at = bytes.iter().position(|&b| b == 0).unwrap() + 1;
