@@ -43,6 +43,7 @@ enum Kind {
 
 mod attrs;
 mod dark;
+mod dark13;
 mod devctx;
 mod driver;
 mod functions;
@@ -54,6 +55,7 @@ mod streams;
 mod trace;
 mod unsupported;
 mod vram;
+mod xla;
 
 pub mod exec;
 
@@ -1189,6 +1191,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         t.extend(devctx::exports());
         t.extend(streams::exports());
         t.extend(functions::exports());
+        t.extend(xla::exports());
         t.extend(unsupported::exports());
         t
     })

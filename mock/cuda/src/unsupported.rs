@@ -239,7 +239,6 @@ unsupported! {
         cuIpcGetEventHandle,
         cuIpcOpenEventHandle,
         cuKernelGetParamInfo,
-        cuModuleLoadFatBinary,
         cuOccupancyMaxActiveClusters,
         cuOccupancyMaxPotentialClusterSize,
         cuStreamAttachMemAsync,
