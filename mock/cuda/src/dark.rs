@@ -131,7 +131,7 @@ unsafe extern "C" fn load_module_from_header(
 
 unsafe extern "C" fn primary_context(pctx: *mut usize, dev: c_int) -> CUresult {
     // SAFETY: the runtime's out-slot, passed on unchanged (null-checked there).
-    unsafe { crate::cuDevicePrimaryCtxRetain(pctx, dev) }
+    unsafe { crate::devctx::cuDevicePrimaryCtxRetain(pctx, dev) }
 }
 
 unsafe extern "C" fn notify(_arg: usize) {}
@@ -169,7 +169,7 @@ unsafe extern "C" fn hooks_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
 
 unsafe extern "C" fn ctx_create_bypass(pctx: *mut usize, flags: c_uint, dev: c_int) -> CUresult {
     // SAFETY: the runtime's out-slot, passed on unchanged (null-checked there).
-    unsafe { crate::cuCtxCreate_v2(pctx, flags, dev) }
+    unsafe { crate::devctx::cuCtxCreate_v2(pctx, flags, dev) }
 }
 
 unsafe extern "C" fn heap_alloc(_rec: *mut *const c_void, _a: usize, _b: usize) -> CUresult {

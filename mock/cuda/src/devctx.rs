@@ -117,7 +117,7 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_
         let text = unsafe { std::ffi::CStr::from_ptr(id) }
             .to_string_lossy()
             .to_string();
-        let want = crate::pci_numbers(&text);
+        let want = crate::driver::pci_numbers(&text);
         match s.devices.iter().position(|d| d.pci == want) {
             // SAFETY: put refuses a null `dev`; otherwise the caller's out-slot.
             Some(i) => unsafe { put(dev, i as CUdevice) },
@@ -419,4 +419,39 @@ pub(crate) fn exports() -> Vec<(&'static str, usize)> {
         cuCtxDisablePeerAccess,
         cuGetErrorName,
     )
+}
+
+// Contexts and primary contexts (current context per thread: driver.rs)
+
+fn ctx_for(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
+    crate::driver::device(s, dev)?;
+    Ok(CTX_BASE + dev as usize)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut usize,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let c = tri!(ctx_for(s, dev));
+        CURRENT.with(|cur| cur.set(c));
+        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUcontext.
+        unsafe { put(pctx, c) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let c = tri!(ctx_for(s, dev));
+        primary_retained(dev as usize);
+        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUcontext.
+        unsafe { put(pctx, c) }
+    })
 }

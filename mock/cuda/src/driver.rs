@@ -105,3 +105,30 @@ macro_rules! tri {
     };
 }
 pub(crate) use tri;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Linear,
+    Vmm,
+    Array,
+    Pool,
+}
+
+pub(crate) fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| s.devices.get(d))
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// (domain, bus, device) of a PCI bus id `dddddddd:bb:dd.f`; zeros where it does not parse.
+pub fn pci_numbers(bus_id: &str) -> (i32, i32, i32) {
+    let mut parts = bus_id.split([':', '.']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| i32::from_str_radix(p, 16).ok())
+            .unwrap_or(0)
+    };
+    (next(), next(), next())
+}

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use dark::cuGetExportTable;
+use devctx::{cuCtxCreate_v2, cuDevicePrimaryCtxRetain};
 use driver::{
     CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table, tri,
 };
@@ -32,14 +33,8 @@ pub use driver::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUdevice, CUdeviceptr, CUresult,
 };
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Linear,
-    Vmm,
-    Array,
-    Pool,
-}
+use driver::{Kind, device, pci_numbers};
+use pools::{POOL_BASE, pool_device};
 
 mod attrs;
 mod dark;
@@ -58,9 +53,6 @@ mod vram;
 mod xla;
 
 pub mod exec;
-
-/// Default memory pools are `POOL_BASE + device`.
-pub(crate) const POOL_BASE: u64 = 0x9001_0000;
 
 /// 16 UUID bytes from `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or `MIG-…`); names that are
 /// not hex get a stable FNV-derived value.
@@ -88,18 +80,6 @@ pub fn uuid_bytes(text: &str) -> [u8; 16] {
         *b = (h >> 24) as u8;
     }
     out
-}
-
-/// (domain, bus, device) of a PCI bus id `dddddddd:bb:dd.f`; zeros where it does not parse.
-pub fn pci_numbers(bus_id: &str) -> (i32, i32, i32) {
-    let mut parts = bus_id.split([':', '.']);
-    let mut next = || {
-        parts
-            .next()
-            .and_then(|p| i32::from_str_radix(p, 16).ok())
-            .unwrap_or(0)
-    };
-    (next(), next(), next())
 }
 
 /// A device as enumerated: UUID, name, bytes, timeline lane, PCI numbers.
@@ -170,13 +150,6 @@ fn build_state() -> Result<State, String> {
         next_handle: AtomicU64::new(0x10_0000),
         limits,
     })
-}
-
-fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
-    usize::try_from(dev)
-        .ok()
-        .and_then(|d| s.devices.get(d))
-        .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
@@ -380,27 +353,6 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 // ---------------------------------------------------------------------------------------------
 // Contexts
 
-fn ctx_for(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
-    device(s, dev)?;
-    Ok(CTX_BASE + dev as usize)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut usize,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let c = tri!(ctx_for(s, dev));
-        CURRENT.with(|cur| cur.set(c));
-        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUcontext.
-        unsafe { put(pctx, c) }
-    })
-}
-
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
     guard(|| {
@@ -414,18 +366,6 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
             }
         });
         CUDA_SUCCESS
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let c = tri!(ctx_for(s, dev));
-        devctx::primary_retained(dev as usize);
-        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUcontext.
-        unsafe { put(pctx, c) }
     })
 }
 
@@ -596,16 +536,6 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 // Stream-ordered allocator
-
-pub(crate) fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
-    if pool >= POOL_BASE && pool - POOL_BASE < s.devices.len() as u64 {
-        return Ok((pool - POOL_BASE) as usize);
-    }
-    let m = s.allocs.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    m.get(&(Kind::Pool as u8, pool))
-        .map(|e| e.0)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)
-}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
@@ -944,7 +874,7 @@ pub extern "C" fn cuMemSetAccess(
 ) -> CUresult {
     guard(|| {
         tri!(state());
-        if desc.is_null() || count == 0 || !vram::covers(ptr, size as u64) {
+        if desc.is_null() || count == 0 || !vram::reserved_covers(ptr, size as u64) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         CUDA_SUCCESS

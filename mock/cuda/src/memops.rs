@@ -262,7 +262,7 @@ fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> CUresult {
             return CUDA_ERROR_INVALID_VALUE;
         }
         let Some(p) = vram::map(bytes as u64, libc::PROT_READ | libc::PROT_WRITE) else {
-            return crate::CUDA_ERROR_OUT_OF_MEMORY;
+            return crate::driver::CUDA_ERROR_OUT_OF_MEMORY;
         };
         vram::insert(p, bytes.max(1) as u64, dev, RegionKind::Host, 0);
         // SAFETY: `pp` checked non-null; the caller's out-slot.
@@ -454,7 +454,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         }
         let dev = (handle[4] as usize).min(s.devices.len().saturating_sub(1));
         let Some(p) = vram::map(handle[3], libc::PROT_READ | libc::PROT_WRITE) else {
-            return crate::CUDA_ERROR_OUT_OF_MEMORY;
+            return crate::driver::CUDA_ERROR_OUT_OF_MEMORY;
         };
         vram::insert(p, handle[3], dev, RegionKind::Ipc, 0);
         // SAFETY: put refuses a null `pd`; otherwise the caller's out-slot.

@@ -8,8 +8,22 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
+use crate::driver::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_UNKNOWN, Kind, State};
 use crate::driver::{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CUresult, guard, put, state, tri};
-use crate::{POOL_BASE, vram};
+use crate::vram;
+
+/// Default memory pools are `POOL_BASE + device`.
+pub(crate) const POOL_BASE: u64 = 0x9001_0000;
+
+pub(crate) fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
+    if pool >= POOL_BASE && pool - POOL_BASE < s.devices.len() as u64 {
+        return Ok((pool - POOL_BASE) as usize);
+    }
+    let m = s.allocs.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    m.get(&(Kind::Pool as u8, pool))
+        .map(|e| e.0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
 
 /// device → the pool `cuMemAllocAsync` uses (absent: the default pool)
 static CURRENT: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
@@ -36,9 +50,9 @@ pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: u64) -> CUresult {
             usize::try_from(dev)
                 .ok()
                 .filter(|d| *d < s.devices.len())
-                .ok_or(crate::CUDA_ERROR_INVALID_DEVICE)
+                .ok_or(CUDA_ERROR_INVALID_DEVICE)
         );
-        if tri!(crate::pool_device(s, pool)) != d {
+        if tri!(pool_device(s, pool)) != d {
             return CUDA_ERROR_INVALID_VALUE;
         }
         set_current(d, pool);
@@ -63,7 +77,7 @@ fn location_device(loc: *const Location) -> Result<usize, CUresult> {
     usize::try_from(l.id)
         .ok()
         .filter(|d| *d < s.devices.len())
-        .ok_or(crate::CUDA_ERROR_INVALID_DEVICE)
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 /// CUDA 13: the default pool of a location (devices only here: host pools are not simulated).
@@ -118,7 +132,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(crate::pool_device(s, pool));
+        tri!(pool_device(s, pool));
         if value.is_null() || !(REUSE_FOLLOW_EVENT..=USED_MEM_HIGH).contains(&attr) {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -143,7 +157,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(crate::pool_device(s, pool));
+        tri!(pool_device(s, pool));
         if value.is_null() || !(REUSE_FOLLOW_EVENT..=USED_MEM_HIGH).contains(&attr) {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -172,7 +186,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 pub extern "C" fn cuMemPoolTrimTo(pool: u64, _keep: usize) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(crate::pool_device(s, pool));
+        tri!(pool_device(s, pool));
         CUDA_SUCCESS
     })
 }
@@ -181,7 +195,7 @@ pub extern "C" fn cuMemPoolTrimTo(pool: u64, _keep: usize) -> CUresult {
 pub extern "C" fn cuMemPoolSetAccess(pool: u64, desc: *const c_void, count: usize) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(crate::pool_device(s, pool));
+        tri!(pool_device(s, pool));
         if desc.is_null() && count != 0 {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -198,7 +212,7 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(crate::pool_device(s, pool));
+        tri!(pool_device(s, pool));
         // SAFETY: put refuses a null `flags`; otherwise the caller's out-slot.
         unsafe { put(flags, 3) }
     })

@@ -550,7 +550,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             let (t, _, fr) = unsafe {
                 slice(
                     a.limit,
-                    cfg.region.used(a.idx),
+                    cfg.region.used_by_live(a.idx),
                     total.read() as u64,
                     free.read() as u64,
                     0,
