@@ -51,43 +51,38 @@ fn programs() -> PathBuf {
 /// One check: its name, the program, its arguments.
 type Check = (String, &'static str, Vec<String>);
 
+/// A check of `prog` in `mode` that must stop at `slice`; a neighbour process of the container
+/// holds `held` bytes of it first (0: none).
+fn slice_check(name: String, prog: &'static str, mode: &str, slice: u64, held: u64) -> Check {
+    let s = slice.to_string();
+    let mut args: Vec<String> = ["--mode", mode, "--total", &s, "--stop-at", &s]
+        .map(String::from)
+        .to_vec();
+    if held > 0 {
+        args.extend(["--held".to_string(), held.to_string()]);
+    }
+    (name, prog, args)
+}
+
 /// Every check the container runs.
 fn checks(slice: u64) -> Vec<Check> {
-    let s = slice.to_string();
-    let mut v = Vec::new();
-    for mode in ["default", "expandable", "async"] {
-        let args = ["--mode", mode, "--total", &s, "--stop-at", &s];
-        v.push((
-            format!("torch-{mode}"),
-            "torch_slice.py",
-            args.map(String::from).to_vec(),
-        ));
-    }
+    let mut v: Vec<Check> = ["default", "expandable", "async"]
+        .into_iter()
+        .map(|m| slice_check(format!("torch-{m}"), "torch_slice.py", m, slice, 0))
+        .collect();
     // two processes of one container share the slice: a neighbour holds 1 GiB first
-    let held = GIB.to_string();
-    let args = [
-        "--mode",
-        "default",
-        "--total",
-        &s,
-        "--stop-at",
-        &s,
-        "--held",
-        &held,
-    ];
-    v.push((
+    v.push(slice_check(
         "torch-shared".into(),
         "torch_slice.py",
-        args.map(String::from).to_vec(),
+        "default",
+        slice,
+        GIB,
     ));
-    for mode in ["default", "async"] {
-        let args = ["--mode", mode, "--total", &s, "--stop-at", &s];
-        v.push((
-            format!("cupy-{mode}"),
-            "cupy_slice.py",
-            args.map(String::from).to_vec(),
-        ));
-    }
+    v.extend(
+        ["default", "async"]
+            .into_iter()
+            .map(|m| slice_check(format!("cupy-{m}"), "cupy_slice.py", m, slice, 0)),
+    );
     v
 }
 
@@ -229,7 +224,7 @@ fn assert_held(out: &str, checks: &[Check], ctx: &str) {
             "{name}: {section}"
         );
         let allocated = value(section, "allocated").unwrap();
-        let room = if name == "torch-shared" {
+        let room = if name.ends_with("-shared") {
             SLICE - GIB
         } else {
             SLICE
@@ -320,24 +315,20 @@ fn torch_is_held_to_its_slice_in_a_pod_fenced_through_nri() {
 const JAX_MODES: [&str; 5] = ["default", "fraction", "grow", "platform", "async"];
 
 fn jax_checks(slice: u64) -> Vec<Check> {
-    let s = slice.to_string();
-    JAX_MODES
+    let jax = |name: String, mode, held| slice_check(name, "jax_slice.py", mode, slice, held);
+    let mut v: Vec<Check> = JAX_MODES
         .into_iter()
-        .map(|mode| {
-            let args = ["--mode", mode, "--total", &s, "--stop-at", &s];
-            (
-                format!("jax-{mode}"),
-                "jax_slice.py",
-                args.map(String::from).to_vec(),
-            )
-        })
-        .collect()
+        .map(|m| jax(format!("jax-{m}"), m, 0))
+        .collect();
+    // two processes of one container share the slice: a neighbour holds 1 GiB first
+    v.push(jax("jax-shared".into(), "default", GIB));
+    v
 }
 
 /// JAX (`jax[cuda13]==0.10.2`, its own venv: the CUDA 13.5 wheels) inside a gpufence-runtime
 /// container: `cudaMemGetInfo` shows the slice, XLA's preallocation is 75 % of the slice
-/// (`memory_stats()["bytes_limit"]`), `XLA_PYTHON_CLIENT_MEM_FRACTION` a fraction of it, and
-/// every allocator mode stops at it; the control sees 80 GiB.
+/// (`memory_stats()["bytes_limit"]`), `XLA_PYTHON_CLIENT_MEM_FRACTION` a fraction of it, every
+/// allocator mode stops at it, and a second process shares it; the control sees 80 GiB.
 #[test]
 #[ignore = "downloads the JAX wheels (about 4.4 GiB) once: make test-frameworks"]
 fn jax_is_held_to_its_slice_inside_a_gpufence_container() {

@@ -14,6 +14,8 @@ Checks that the CUDA runtime's cudaMemGetInfo() total is --total, that XLA's all
 (memory_stats()["bytes_limit"]) is its fraction of --total, then fills the device with 256 MiB
 arrays: with --stop-at the allocation must fail (RESOURCE_EXHAUSTED) where the allocator's limit or
 the slice ends, whichever is lower, never past it; with --pass it must get that far.
+--held N: a second JAX process of the container (no pool: XLA_PYTHON_CLIENT_ALLOCATOR=platform)
+first holds N bytes; this one then has the rest.
 """
 
 import argparse
@@ -52,14 +54,24 @@ def mem_get_info():
     return free.value, total.value
 
 
+def xla_environment(env):
+    for k in [k for k in os.environ if k.startswith("XLA_PYTHON_CLIENT_")]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
 def main():
+    if "--hold" in sys.argv:
+        return hold(int(sys.argv[sys.argv.index("--hold") + 1]))
     a = common.parse(__doc__)
     if a.mode not in MODES:
         sys.exit(f"unknown --mode {a.mode}: one of {', '.join(MODES)}")
     env, fraction, stops_at_limit = MODES[a.mode]
-    for k in [k for k in os.environ if k.startswith("XLA_PYTHON_CLIENT_")]:
-        del os.environ[k]
-    os.environ.update(env)
+    child = None
+    if a.held:
+        child = common.hold_in_child([os.path.abspath(__file__), "--hold", str(a.held)], {})
+        print(f"neighbour {child.stdout.readline().strip()}", flush=True)
+    xla_environment(env)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -71,6 +83,7 @@ def main():
     free, total = mem_get_info()
     print(f"memGetInfo {free} {total}", flush=True)
     v.check(total == a.total, f"cudaMemGetInfo total {total} != {a.total}")
+    v.check(free <= a.total - a.held, f"free {free} above the room {a.total - a.held}")
     stats = dev.memory_stats() or {}
     limit = stats.get("bytes_limit")
     print(f"bytes_limit {limit}", flush=True)
@@ -91,8 +104,11 @@ def main():
                 raise OutOfMemory(str(e)) from e
             raise
 
+    # data round trip through device memory (copies are honoured)
     x = np.arange(1 << 16, dtype=np.int32)
-    print(f"roundtrip {bool((np.asarray(jax.device_put(x, dev)) == x).all())}", flush=True)
+    same = bool((np.asarray(jax.device_put(x, dev)) == x).all())
+    print(f"roundtrip {same}", flush=True)
+    v.check(same, "a host-device-host copy changed the data")
     judged = argparse.Namespace(**dict(vars(a), stop_at=room))
     n, refused = common.fill(alloc, OutOfMemory, judged, keep)
     common.judge_fill(v, judged, n, refused)
@@ -100,7 +116,22 @@ def main():
     print(f"used_after {total - free_after}", flush=True)
     v.check(total - free_after >= n, f"the device shows {total - free_after} bytes used, "
             f"less than the {n} bytes of arrays held")
+    if child is not None:
+        child.kill()
+        child.wait()
     v.finish()
+
+
+def hold(n):
+    """The neighbour: exactly `n` bytes in one array, no pool, until killed."""
+    xla_environment(MODES["platform"][0])
+    import time
+
+    import jax.numpy as jnp
+    a = jnp.zeros((n,), dtype=jnp.uint8).block_until_ready()
+    print(f"holding {a.size}", flush=True)
+    while True:
+        time.sleep(60)
 
 
 if __name__ == "__main__":

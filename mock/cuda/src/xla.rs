@@ -2,11 +2,11 @@
 //! NVIDIA's runtime asks. XLA calls the driver API itself: it `dlopen`s `libcuda.so.1` and looks
 //! each function up by the name its `cuda.h` gives it (`dlsym`), so it needs the exported names
 //! a real driver has, not only what `cuGetProcAddress` resolves:
-//! - the versioned names of CUDA 12.8+ headers (`cuEventElapsedTime_v2`) and of the JIT linker
-//!   (`cuLinkCreate_v2`, `cuLinkAddData_v2`, `cuLinkAddFile_v2`);
-//! - the unversioned names older builds (and some NVIDIA libraries) still bind
-//!   (`cuCtxPushCurrent`, `cuCtxPopCurrent`, `cuDevicePrimaryCtxRelease`,
-//!   `cuDevicePrimaryCtxReset`), which a real driver keeps with the same meaning;
+//! - the versioned names of CUDA 12.8+ headers (`cuEventElapsedTime_v2`, which XLA's autotuner
+//!   times kernels with);
+//! - the unversioned names older builds (and some NVIDIA libraries) still bind, which a real
+//!   driver keeps with the `_v2` meaning: `cuDevicePrimaryCtxReset` here, `cuCtxPushCurrent`,
+//!   `cuCtxPopCurrent` and `cuDevicePrimaryCtxRelease` beside their `_v2` in `lib.rs`;
 //! - `cuModuleLoadFatBinary`: XLA loads the kernels it compiles (PTX through the `ptxas` of the
 //!   `nvidia-cuda-nvcc` wheel) as cubins wrapped in a fat binary. It loads like any image.
 
@@ -33,22 +33,6 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuCtxPushCurrent(ctx: usize) -> CUresult {
-    crate::cuCtxPushCurrent_v2(ctx)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut usize) -> CUresult {
-    // SAFETY: the caller's out-pointer, passed on unchanged.
-    unsafe { crate::cuCtxPopCurrent_v2(pctx) }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    crate::cuDevicePrimaryCtxRelease_v2(dev)
-}
-
-#[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
     crate::devctx::cuDevicePrimaryCtxReset_v2(dev)
 }
@@ -61,9 +45,6 @@ pub(crate) fn exports() -> Vec<(&'static str, usize)> {
     e!(
         cuModuleLoadFatBinary,
         cuEventElapsedTime_v2,
-        cuCtxPushCurrent,
-        cuCtxPopCurrent,
-        cuDevicePrimaryCtxRelease,
         cuDevicePrimaryCtxReset,
     )
 }
