@@ -4,7 +4,7 @@
 
 MODE picks XLA's device allocator (set through its environment before JAX starts):
 
-    default      BFC allocator, preallocates 75 % of the GPU's total at start
+    default      BFC allocator: one region of 75 % of the GPU's total, taken at the first allocation
     fraction     the same with XLA_PYTHON_CLIENT_MEM_FRACTION=0.5
     grow         BFC without preallocation (XLA_PYTHON_CLIENT_PREALLOCATE=false)
     platform     no pool: every buffer is its own cuMemAlloc (XLA_PYTHON_CLIENT_ALLOCATOR=platform)
