@@ -51,38 +51,48 @@ fn programs() -> PathBuf {
 /// One check: its name, the program, its arguments.
 type Check = (String, &'static str, Vec<String>);
 
-/// A check of `prog` in `mode` that must stop at `slice`; a neighbour process of the container
-/// holds `held` bytes of it first (0: none).
-fn slice_check(name: String, prog: &'static str, mode: &str, slice: u64, held: u64) -> Check {
+/// A check of `prog` that must stop at `slice`, in `mode` (None: the program has none), with
+/// `--flag bytes` arguments after (`--held`: a neighbour process of the container holds that
+/// much first; `--graph`: a CUDA graph holds that much).
+fn slice_check(
+    name: &str,
+    prog: &'static str,
+    mode: Option<&str>,
+    slice: u64,
+    extra: &[(&str, u64)],
+) -> Check {
     let s = slice.to_string();
-    let mut args: Vec<String> = ["--mode", mode, "--total", &s, "--stop-at", &s]
-        .map(String::from)
-        .to_vec();
-    if held > 0 {
-        args.extend(["--held".to_string(), held.to_string()]);
+    let mut args: Vec<String> = Vec::new();
+    if let Some(m) = mode {
+        args.extend(["--mode".to_string(), m.to_string()]);
     }
-    (name, prog, args)
+    args.extend(["--total", &s, "--stop-at", &s].map(String::from));
+    for (flag, bytes) in extra {
+        args.extend([flag.to_string(), bytes.to_string()]);
+    }
+    (name.to_string(), prog, args)
 }
 
 /// Every check the container runs.
 fn checks(slice: u64) -> Vec<Check> {
+    let torch = |name: &str, mode, extra: &[(&str, u64)]| {
+        slice_check(name, "torch_slice.py", Some(mode), slice, extra)
+    };
     let mut v: Vec<Check> = ["default", "expandable", "async"]
         .into_iter()
-        .map(|m| slice_check(format!("torch-{m}"), "torch_slice.py", m, slice, 0))
+        .map(|m| torch(&format!("torch-{m}"), m, &[]))
         .collect();
+    // a CUDA graph's memory nodes (cudaMallocAsync captured) hold 1 GiB while it lives
+    v.push(torch("torch-graph", "async", &[("--graph", GIB)]));
     // two processes of one container share the slice: a neighbour holds 1 GiB first
-    v.push(slice_check(
-        "torch-shared".into(),
-        "torch_slice.py",
-        "default",
-        slice,
-        GIB,
-    ));
+    v.push(torch("torch-shared", "default", &[("--held", GIB)]));
     v.extend(
         ["default", "async"]
             .into_iter()
-            .map(|m| slice_check(format!("cupy-{m}"), "cupy_slice.py", m, slice, 0)),
+            .map(|m| slice_check(&format!("cupy-{m}"), "cupy_slice.py", Some(m), slice, &[])),
     );
+    // what PyTorch's cudaMallocAsync pool keeps after a free (1 GiB) is not CuPy's to take
+    v.push(slice_check("pool-kept", "pool_kept.py", None, slice, &[]));
     v
 }
 
@@ -219,16 +229,19 @@ fn assert_held(out: &str, checks: &[Check], ctx: &str) {
         );
         // what the program saw: the slice, and where it stopped
         assert_eq!(
-            value(section, "mem_get_info").or(value(section, "memGetInfo")),
+            value(section, "mem_get_info")
+                .or(value(section, "memGetInfo"))
+                .or(value(section, "kept_by_pool")),
             Some(SLICE),
             "{name}: {section}"
         );
         let allocated = value(section, "allocated").unwrap();
-        let room = if name.ends_with("-shared") {
-            SLICE - GIB
-        } else {
-            SLICE
-        };
+        let room =
+            if name.ends_with("-shared") || ["torch-graph", "pool-kept"].contains(&name.as_str()) {
+                SLICE - GIB
+            } else {
+                SLICE
+            };
         assert!(allocated <= room, "{name}: {section}");
     }
 }
@@ -238,6 +251,7 @@ fn control_without_gpufence(node_dir: &Path, python: &Path) {
     for (prog, modes) in [
         ("torch_slice.py", &["default", "expandable", "async"][..]),
         ("cupy_slice.py", &["default", "async"][..]),
+        ("pool_kept.py", &["default"][..]),
     ] {
         for mode in modes {
             control_check(node_dir, Command::new(python), prog, mode);
@@ -315,13 +329,15 @@ fn torch_is_held_to_its_slice_in_a_pod_fenced_through_nri() {
 const JAX_MODES: [&str; 5] = ["default", "fraction", "grow", "platform", "async"];
 
 fn jax_checks(slice: u64) -> Vec<Check> {
-    let jax = |name: String, mode, held| slice_check(name, "jax_slice.py", mode, slice, held);
+    let jax = |name: &str, mode, extra: &[(&str, u64)]| {
+        slice_check(name, "jax_slice.py", Some(mode), slice, extra)
+    };
     let mut v: Vec<Check> = JAX_MODES
         .into_iter()
-        .map(|m| jax(format!("jax-{m}"), m, 0))
+        .map(|m| jax(&format!("jax-{m}"), m, &[]))
         .collect();
     // two processes of one container share the slice: a neighbour holds 1 GiB first
-    v.push(jax("jax-shared".into(), "default", GIB));
+    v.push(jax("jax-shared", "default", &[("--held", GIB)]));
     v
 }
 

@@ -24,6 +24,10 @@ def parse(description):
                    help="allocating this many bytes must succeed (the control without gpufence)")
     p.add_argument("--held", type=int, default=0,
                    help="bytes another process of the container already holds")
+    p.add_argument("--graph", type=int, default=0,
+                   help="first capture and replay a CUDA graph whose memory nodes hold this many "
+                        "bytes (half kept after the graph, half freed inside it): the graph "
+                        "keeps them, the room shrinks by them")
     p.add_argument("--chunk", type=int, default=256 * MIB)
     p.add_argument("--slack", type=int, default=256 * MIB,
                    help="what an allocator may leave unused below the slice (its granularity)")
@@ -71,7 +75,7 @@ def judge_fill(v, a, n, refused):
     if a.must_pass is not None:
         v.check(not refused and n >= a.must_pass, f"control: allocated {n} < {a.must_pass}")
     else:
-        room = a.stop_at - a.held
+        room = a.stop_at - a.held - a.graph
         v.check(refused, f"no out-of-memory error up to {n} bytes (slice {a.stop_at})")
         v.check(n <= room, f"allocated {n} past the room {room} of the slice")
         v.check(n >= room - a.chunk - a.slack,

@@ -8,6 +8,8 @@ mem_get_info() and get_device_properties(0).total_memory equal --total; then it 
 256 MiB tensors: with --stop-at the allocator must raise torch.cuda.OutOfMemoryError at the slice
 (not GiBs before it, never past it); with --pass it must get that far (the control).
 --held N: a second process of the container first holds N bytes; this one then has the rest.
+--graph N (with --mode async): a CUDA graph whose allocations (memory nodes) total N bytes is
+captured and replayed first; the memory it holds counts against the slice.
 """
 
 import os
@@ -46,6 +48,8 @@ def main():
     v.check(props.total_memory == a.total, f"total_memory {props.total_memory} != {a.total}")
     v.check(free <= a.total - a.held, f"free {free} above the room {a.total - a.held}")
     keep = []
+    if a.graph:
+        keep.append(graph_holding(torch, a.graph))
 
     def alloc(n):
         return torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -56,7 +60,9 @@ def main():
     torch.cuda.empty_cache()
     free_after, _ = torch.cuda.mem_get_info()
     print(f"free_after_release {free_after}", flush=True)
-    v.check(free_after >= a.total - a.held - a.slack, f"only {free_after} free after releasing everything")
+    # a destroyed graph's memory stays with the device's graph pool until it is trimmed
+    room = a.total - a.held - a.graph - a.slack
+    v.check(free_after >= room, f"only {free_after} free after releasing everything")
     # data round trip through device memory (copies are honoured)
     x = torch.arange(1024, dtype=torch.int32)
     y = x.to("cuda").cpu()
@@ -67,6 +73,21 @@ def main():
         child.kill()
         child.wait()
     v.finish()
+
+
+def graph_holding(torch, n):
+    """Capture and replay a graph allocating n bytes: half kept, half freed inside the graph."""
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        kept = torch.empty(n // 2, dtype=torch.uint8, device="cuda")
+        transient = torch.empty(n - n // 2, dtype=torch.uint8, device="cuda")
+        del transient
+    g.replay()
+    torch.cuda.synchronize()
+    free, _ = torch.cuda.mem_get_info()
+    print(f"graph_replayed {free}", flush=True)
+    return (g, kept)
 
 
 def hold(n):

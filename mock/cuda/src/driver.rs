@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::limits;
@@ -131,4 +131,27 @@ pub fn pci_numbers(bus_id: &str) -> (i32, i32, i32) {
             .unwrap_or(0)
     };
     (next(), next(), next())
+}
+
+/// Take `bytes` of device `dev`'s memory (and of the driver and MPS limits, `limits.rs`).
+pub(crate) fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
+    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    d.used
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+            u.checked_add(bytes).filter(|n| *n <= d.total)
+        })
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    if !limits::charge(&s.limits, dev, bytes) {
+        d.used.fetch_sub(bytes, Ordering::AcqRel);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
+}
+
+/// Give back what [`charge`] took.
+pub(crate) fn uncharge(s: &State, dev: usize, bytes: u64) {
+    if let Some(d) = s.devices.get(dev) {
+        d.used.fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
+        limits::release(&s.limits, dev, bytes);
+    }
 }

@@ -33,7 +33,7 @@ pub use driver::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUdevice, CUdeviceptr, CUresult,
 };
-use driver::{Kind, device, pci_numbers};
+use driver::{Kind, charge, device, pci_numbers, uncharge};
 use pools::{POOL_BASE, pool_device};
 
 mod attrs;
@@ -42,6 +42,7 @@ mod dark13;
 mod devctx;
 mod driver;
 mod functions;
+mod graphmem;
 mod integrity;
 mod limits;
 mod memops;
@@ -144,26 +145,12 @@ fn build_state() -> Result<State, String> {
         })
         .collect();
     Ok(State {
-        driver_version: node.cuda_driver_version,
+        driver_version: node.cuda_version(),
         devices,
         allocs: Mutex::new(HashMap::new()),
         next_handle: AtomicU64::new(0x10_0000),
         limits,
     })
-}
-
-fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
-    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-    d.used
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-            u.checked_add(bytes).filter(|n| *n <= d.total)
-        })
-        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-    if !limits::charge(&s.limits, dev, bytes) {
-        d.used.fetch_sub(bytes, Ordering::AcqRel);
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    Ok(())
 }
 
 fn record(s: &State, kind: Kind, handle: u64, dev: usize, bytes: u64) {
@@ -184,10 +171,7 @@ fn release(kind: Kind, handle: u64) -> CUresult {
         .and_then(|mut m| m.remove(&(kind as u8, handle)));
     match removed {
         Some((dev, bytes)) => {
-            if let Some(d) = s.devices.get(dev) {
-                d.used.fetch_sub(bytes, Ordering::AcqRel);
-                limits::release(&s.limits, dev, bytes);
-            }
+            uncharge(s, dev, bytes);
             if matches!(kind, Kind::Linear)
                 && let Some(r) = vram::remove(handle)
             {
@@ -213,10 +197,7 @@ fn alloc_linear(
     }
     charge(s, dev, bytes)?;
     let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
-        if let Some(d) = s.devices.get(dev) {
-            d.used.fetch_sub(bytes, Ordering::AcqRel);
-            limits::release(&s.limits, dev, bytes);
-        }
+        uncharge(s, dev, bytes);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     vram::insert(p, bytes, dev, region, pool);
@@ -253,7 +234,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
         let ver = match STATE.get() {
             Some(Ok(s)) => s.driver_version,
             _ => gpufence_mock_node::load(cuInit as *const c_void)
-                .map(|n| n.cuda_driver_version)
+                .map(|n| n.cuda_version())
                 .unwrap_or(13000),
         };
         // SAFETY: put rejects a null `v`; otherwise the CUDA driver-API contract makes it a valid,
@@ -605,7 +586,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const PropHead)
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
-    guard(|| release(Kind::Pool, pool))
+    guard(|| {
+        let r = release(Kind::Pool, pool);
+        if r == CUDA_SUCCESS {
+            pools::destroyed(pool);
+        }
+        r
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -614,13 +601,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let dev = tri!(current_device(s));
-        // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr`
-        // before writing); only forwarded, from the current device's pool.
-        unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pools::current(dev), stream) }
-    })
+    // SAFETY: the caller's out-slot, passed on (null-checked there).
+    unsafe { alloc_async(dptr, bytes, None, stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -629,9 +611,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocAsync (which null-checks `dptr` before writing);
-    // only forwarded.
-    unsafe { cuMemAllocAsync(dptr, bytes, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, None, stream, true) }
 }
 
 #[unsafe(no_mangle)]
@@ -639,24 +620,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: u64,
-    _stream: usize,
+    stream: usize,
 ) -> CUresult {
-    guard(|| {
-        if dptr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let s = tri!(state());
-        let dev = tri!(pool_device(s, pool));
-        let p = tri!(alloc_linear(
-            dev,
-            bytes as u64,
-            vram::RegionKind::Device,
-            pool
-        ));
-        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUdeviceptr.
-        unsafe { put(dptr, p) }
-    })
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -666,14 +633,90 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: u64,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr` before
-    // writing); only forwarded.
-    unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, true) }
 }
 
+/// An allocation of `pool`: what the pool keeps is reused first, the rest taken from the device.
+fn alloc_from_pool(dev: usize, bytes: u64, pool: u64) -> Result<u64, CUresult> {
+    let s = state()?;
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let reused = pools::reuse(pool, bytes);
+    if let Err(e) = charge(s, dev, bytes - reused) {
+        pools::returned(pool, dev, reused);
+        return Err(e);
+    }
+    let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
+        uncharge(s, dev, bytes - reused);
+        pools::returned(pool, dev, reused);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    vram::insert(p, bytes, dev, vram::RegionKind::Device, pool);
+    record(s, Kind::Linear, p, dev, bytes);
+    Ok(p)
+}
+
+/// A stream-ordered allocation from `pool` (None: the current device's). On a capturing stream
+/// it becomes a memory node of the graph (`graphmem.rs`): an address now, memory at launch.
+unsafe fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<u64>,
+    stream: usize,
+    ptsz: bool,
+) -> CUresult {
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = match pool {
+            Some(p) => tri!(pool_device(s, p)),
+            None => tri!(current_device(s)),
+        };
+        let pool = pool.unwrap_or_else(|| pools::current(dev));
+        let p = if tri!(exec::capturing(stream, ptsz)) {
+            tri!(exec::captured_alloc(stream, ptsz, dev, bytes as u64))
+        } else {
+            tri!(alloc_from_pool(dev, bytes as u64, pool))
+        };
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
+        unsafe { put(dptr, p) }
+    })
+}
+
+/// A graph's allocation (freed by the graph itself, `graphmem.rs`), a pool's (kept by the pool,
+/// `pools.rs`) or an ordinary one.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult {
-    cuMemFree_v2(dptr)
+    guard(|| {
+        let s = tri!(state());
+        if graphmem::is_graph_address(dptr) {
+            return CUDA_SUCCESS;
+        }
+        match vram::find(dptr) {
+            Some((start, r))
+                if start == dptr && r.pool != 0 && r.kind == vram::RegionKind::Device =>
+            {
+                let Some((dev, bytes)) = s
+                    .allocs
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.remove(&(Kind::Linear as u8, dptr)))
+                else {
+                    return CUDA_ERROR_INVALID_VALUE;
+                };
+                vram::remove(dptr);
+                vram::unmap(dptr, r.len);
+                pools::returned(r.pool, dev, bytes);
+                CUDA_SUCCESS
+            }
+            _ => cuMemFree_v2(dptr),
+        }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1137,6 +1180,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         );
         t.extend(exec::exports());
         t.extend(pools::exports());
+        t.extend(graphmem::exports());
         t.extend(memops::exports());
         t.extend(devctx::exports());
         t.extend(streams::exports());

@@ -1,8 +1,15 @@
 //! Stream-ordered memory pools beyond allocation (`lib.rs` allocates and frees): the pool each
-//! device allocates from (`cuDeviceSetMemPool`, CUDA 13's `cuMemSetMemPool`), pool attributes
-//! (release threshold and reuse flags kept, used/reserved bytes computed from the live
-//! allocations), access and trimming. Freed memory goes straight back to the device (this
-//! driver keeps no cached blocks), so "reserved" equals "used".
+//! device allocates from (`cuDeviceSetMemPool`, CUDA 13's `cuMemSetMemPool`), pool attributes,
+//! access and trimming, and what a pool keeps, as the driver does:
+//!
+//! - memory freed into a pool (`cuMemFreeAsync`) stays reserved by the pool, still taken from
+//!   the device, and the pool's next allocations reuse it;
+//! - at a synchronization (`cuStreamSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`) the
+//!   pool gives back to the device what it keeps above its release threshold (0 by default:
+//!   everything; PyTorch's `cudaMallocAsync` backend sets it to the maximum);
+//! - `cuMemPoolTrimTo` gives back all but the bytes asked to keep, `cuMemPoolDestroy` all.
+//!
+//! `RESERVED_MEM_CURRENT` is the pool's live allocations plus what it keeps.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -23,6 +30,73 @@ pub(crate) fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
     m.get(&(Kind::Pool as u8, pool))
         .map(|e| e.0)
         .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// pool → (device, bytes it keeps: freed, still taken from the device)
+static KEPT: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
+
+fn kept<R>(f: impl FnOnce(&mut HashMap<u64, (usize, u64)>) -> R) -> R {
+    let mut m = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    f(m.get_or_insert_with(HashMap::new))
+}
+
+/// Up to `bytes` of what `pool` keeps, taken for a new allocation (no device charge for it).
+pub(crate) fn reuse(pool: u64, bytes: u64) -> u64 {
+    kept(|m| match m.get_mut(&pool) {
+        Some(e) => {
+            let r = e.1.min(bytes);
+            e.1 -= r;
+            r
+        }
+        None => 0,
+    })
+}
+
+/// `bytes` of an allocation of `pool` on `dev` were freed into the pool.
+pub(crate) fn returned(pool: u64, dev: usize, bytes: u64) {
+    kept(|m| m.entry(pool).or_insert((dev, 0)).1 += bytes);
+}
+
+/// Give back to the device what `pool` keeps above `keep` (all pools above their release
+/// threshold when `pool` is None).
+fn give_back(pool: Option<u64>, keep: Option<u64>) {
+    let Ok(s) = state() else { return };
+    let back: Vec<(usize, u64)> = kept(|m| {
+        m.iter_mut()
+            .filter(|(p, _)| pool.is_none_or(|q| q == **p))
+            .filter_map(|(p, e)| {
+                let k = keep.unwrap_or_else(|| threshold(*p));
+                (e.1 > k).then(|| {
+                    let r = e.1 - k;
+                    e.1 = k;
+                    (e.0, r)
+                })
+            })
+            .collect()
+    });
+    for (dev, bytes) in back {
+        crate::driver::uncharge(s, dev, bytes);
+    }
+}
+
+/// A synchronization: every pool gives back what it keeps above its release threshold.
+pub(crate) fn synchronized() {
+    give_back(None, None);
+}
+
+fn threshold(pool: u64) -> u64 {
+    ATTRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&(pool, RELEASE_THRESHOLD)).copied())
+        .unwrap_or(0)
+}
+
+/// The pool is gone: all it keeps goes back.
+pub(crate) fn destroyed(pool: u64) {
+    give_back(Some(pool), Some(0));
+    kept(|m| m.remove(&pool));
 }
 
 /// device → the pool `cuMemAllocAsync` uses (absent: the default pool)
@@ -122,6 +196,8 @@ pub unsafe extern "C" fn cuMemSetMemPool(
 const REUSE_FOLLOW_EVENT: c_int = 1;
 const REUSE_ALLOW_INTERNAL: c_int = 3;
 const RELEASE_THRESHOLD: c_int = 4;
+const RESERVED_MEM_CURRENT: c_int = 5;
+const RESERVED_MEM_HIGH: c_int = 6;
 const USED_MEM_HIGH: c_int = 8;
 
 #[unsafe(no_mangle)]
@@ -170,10 +246,14 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
             // SAFETY: reuse attributes are ints; `value` checked non-null.
             unsafe { *value.cast::<c_int>() = set.unwrap_or(1) as c_int };
         } else {
+            let used = vram::pool_bytes(pool);
             let v = match attr {
                 RELEASE_THRESHOLD => set.unwrap_or(0),
-                // reserved/used, current and high: what the pool's live allocations hold
-                _ => vram::pool_bytes(pool),
+                // reserved: live allocations and what the pool keeps
+                RESERVED_MEM_CURRENT | RESERVED_MEM_HIGH => {
+                    used + kept(|m| m.get(&pool).map_or(0, |e| e.1))
+                }
+                _ => used,
             };
             // SAFETY: the other attributes are cuuint64_t; `value` checked non-null.
             unsafe { *value.cast::<u64>() = v };
@@ -183,10 +263,11 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolTrimTo(pool: u64, _keep: usize) -> CUresult {
+pub extern "C" fn cuMemPoolTrimTo(pool: u64, keep: usize) -> CUresult {
     guard(|| {
         let s = tri!(state());
         tri!(pool_device(s, pool));
+        give_back(Some(pool), Some(keep as u64));
         CUDA_SUCCESS
     })
 }

@@ -105,9 +105,6 @@ unsupported! {
     ]
     /// explicit graph construction
     [
-        cuDeviceGetGraphMemAttribute,
-        cuDeviceGraphMemTrim,
-        cuDeviceSetGraphMemAttribute,
         cuGraphAddChildGraphNode,
         cuGraphAddDependencies,
         cuGraphAddEmptyNode,
@@ -117,15 +114,12 @@ unsupported! {
         cuGraphAddExternalSemaphoresWaitNode,
         cuGraphAddHostNode,
         cuGraphAddKernelNode,
-        cuGraphAddMemAllocNode,
-        cuGraphAddMemFreeNode,
         cuGraphAddMemcpyNode,
         cuGraphAddMemsetNode,
         cuGraphAddNode,
         cuGraphChildGraphNodeGetGraph,
         cuGraphClone,
         cuGraphConditionalHandleCreate,
-        cuGraphCreate,
         cuGraphDebugDotPrint,
         cuGraphDestroyNode,
         cuGraphEventRecordNodeGetEvent,
@@ -149,7 +143,6 @@ unsupported! {
         cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams,
         cuGraphGetEdges,
-        cuGraphGetNodes,
         cuGraphGetRootNodes,
         cuGraphHostNodeGetParams,
         cuGraphHostNodeSetParams,

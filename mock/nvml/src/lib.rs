@@ -194,11 +194,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     // rejects); write_str checks the length before copying.
     with_state(|s| unsafe {
         write_str(
-            &format!(
-                "{}.{}",
-                s.node.cuda_driver_version / 1000,
-                s.node.driver_version
-            ),
+            &format!("{}.{}", s.node.cuda_version() / 1000, s.node.driver_version),
             version,
             length,
         )
@@ -219,7 +215,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvm
     }
     with_state(|s| {
         // SAFETY: non-null out-pointer from the caller.
-        unsafe { *v = s.node.cuda_driver_version };
+        unsafe { *v = s.node.cuda_version() };
         NVML_SUCCESS
     })
 }
