@@ -232,7 +232,6 @@ unsupported! {
         cuIpcGetEventHandle,
         cuIpcOpenEventHandle,
         cuKernelGetParamInfo,
-        cuModuleLoadFatBinary,
         cuOccupancyMaxActiveClusters,
         cuOccupancyMaxPotentialClusterSize,
         cuStreamAttachMemAsync,
