@@ -5,7 +5,8 @@
 Checks cupy.cuda.runtime.memGetInfo() shows --total, then fills the GPU with 256 MiB arrays
 through CuPy's default memory pool (--mode default) or cupy.cuda.MemoryAsyncPool (--mode async,
 the driver's stream-ordered allocator): with --stop-at the pool must raise
-cupy.cuda.memory.OutOfMemoryError at the slice, with --pass it must get that far.
+cupy.cuda.memory.OutOfMemoryError at the slice, with --pass it must get that far. Last, the
+"handles" step: a cuBLAS handle and a cuFFT plan are created.
 """
 
 import os
@@ -23,8 +24,10 @@ def main():
     print(f"memGetInfo {free} {total}", flush=True)
     v.check(total == a.total, f"memGetInfo total {total} != {a.total}")
     v.check(free <= a.total, f"free {free} above the total {a.total}")
+    pool = cupy.get_default_memory_pool()
     if a.mode == "async":
-        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+        pool = cupy.cuda.MemoryAsyncPool()
+        cupy.cuda.set_allocator(pool.malloc)
     keep = []
 
     def alloc(n):
@@ -33,12 +36,16 @@ def main():
     n, refused = common.fill(alloc, cupy.cuda.memory.OutOfMemoryError, a, keep)
     common.judge_fill(v, a, n, refused)
     del keep[:]
-    cupy.get_default_memory_pool().free_all_blocks()
+    pool.free_all_blocks()  # the async pool: trimmed, its memory back to the device
     import numpy
     x = numpy.arange(1024, dtype=numpy.int32)
     same = bool((cupy.asnumpy(cupy.asarray(x)) == x).all())
     print(f"roundtrip {same}", flush=True)
     v.check(same, "a host-device-host copy changed the data")
+    # after the fill: the libraries' own workspaces are not part of what it measures
+    from cupy.cuda import cufft
+    common.handles(v, "cuBLAS", cupy.cuda.device.get_cublas_handle)
+    common.handles(v, "cuFFT", lambda: cufft.Plan1d(64, cufft.CUFFT_C2C, 1))
     v.finish()
 
 

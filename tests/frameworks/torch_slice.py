@@ -6,7 +6,8 @@
 expandable_segments:True, backend:cudaMallocAsync). Checks: torch.cuda.is_available(),
 mem_get_info() and get_device_properties(0).total_memory equal --total; then it fills the GPU with
 256 MiB tensors: with --stop-at the allocator must raise torch.cuda.OutOfMemoryError at the slice
-(not GiBs before it, never past it); with --pass it must get that far (the control).
+(not GiBs before it, never past it); with --pass it must get that far (the control). Last, the
+"handles" step: a cuBLAS handle and a cuFFT transform (plan and launch) start.
 --held N: a second process of the container first holds N bytes; this one then has the rest.
 --graph N (with --mode async): a CUDA graph whose allocations (memory nodes) total N bytes is
 captured and replayed first; the memory it holds counts against the slice.
@@ -69,6 +70,10 @@ def main():
     same = bool((x == y).all())
     print(f"roundtrip {same}", flush=True)
     v.check(same, "a host-device-host copy changed the data")
+    # after the fill: the libraries' own workspaces are not part of what it measures
+    common.handles(v, "cuBLAS", torch.cuda.current_blas_handle)
+    common.handles(v, "cuFFT", lambda: torch.fft.fft(torch.ones(64, dtype=torch.complex64,
+                                                                device="cuda")))
     if child is not None:
         child.kill()
         child.wait()

@@ -108,7 +108,7 @@ pub fn spin_ns(name: &str) -> u64 {
         .map_or(0, |us| us.saturating_mul(1000))
 }
 
-fn new_kernel(name: *const c_char) -> Result<usize, CUresult> {
+pub(crate) fn new_kernel(name: *const c_char) -> Result<usize, CUresult> {
     if name.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -310,6 +310,9 @@ pub extern "C" fn cuLibraryUnload(_lib: usize) -> CUresult {
     cuModuleUnload(0)
 }
 
+/// The library each `CUkernel` came from (`cuKernelGetLibrary`).
+static KERNEL_LIBRARY: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernel(
     k: *mut usize,
@@ -317,7 +320,30 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     name: *const c_char,
 ) -> CUresult {
     // SAFETY: the caller's pointers, passed on unchanged.
-    unsafe { cuModuleGetFunction(k, lib, name) }
+    let r = unsafe { cuModuleGetFunction(k, lib, name) };
+    if r == CUDA_SUCCESS {
+        // SAFETY: cuModuleGetFunction succeeded, so `k` is the caller's non-null slot it wrote.
+        let kernel = unsafe { *k };
+        lock(&KERNEL_LIBRARY)
+            .get_or_insert_with(HashMap::new)
+            .insert(kernel, lib);
+    }
+    r
+}
+
+/// The library a kernel was taken from (cuBLASLt asks for it, by `dlsym`, at its start).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetLibrary(lib: *mut usize, k: usize) -> CUresult {
+    guard(|| {
+        let found = lock(&KERNEL_LIBRARY)
+            .as_ref()
+            .and_then(|m| m.get(&k).copied());
+        match found {
+            // SAFETY: the caller's out-pointer (put refuses NULL).
+            Some(l) => unsafe { put(lib, l) },
+            None => CUDA_ERROR_INVALID_HANDLE,
+        }
+    })
 }
 
 /// A `CUkernel` is launchable as a `CUfunction` (same handle here).
@@ -960,6 +986,7 @@ pub fn exports() -> Vec<(&'static str, usize)> {
         cuLibraryUnload,
         cuLibraryGetKernel,
         cuKernelGetFunction,
+        cuKernelGetLibrary,
         cuLaunchKernel,
         cuLaunchKernel_ptsz,
         cuLaunchCooperativeKernel,

@@ -177,6 +177,92 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     unsafe { cuOccupancyMaxPotentialBlockSize(grid, block, f, cb, smem, limit) }
 }
 
+/// `CUlaunchAttribute`: an id, padding to 8 bytes, a 64-byte value.
+#[repr(C)]
+struct LaunchAttribute {
+    id: c_uint,
+    _pad: c_uint,
+    value: [c_uint; 16],
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`: the value is { x, y, z }.
+const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: c_uint = 4;
+
+/// Largest cluster of thread blocks an H100 schedules without the non-portable opt-in.
+const PORTABLE_CLUSTER_BLOCKS: u64 = 8;
+
+/// Blocks per cluster that `config`'s cluster-dimension attribute asks for (1 without one).
+///
+/// # Safety
+/// `config` is null or the caller's `CUlaunchConfig`, whose `attrs` points at `num_attrs`
+/// attributes.
+unsafe fn cluster_blocks(config: *const crate::exec::LaunchConfig) -> Result<u64, CUresult> {
+    if config.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's launch configuration.
+    let c = unsafe { &*config };
+    if c.attrs.is_null() || c.num_attrs == 0 {
+        return Ok(1);
+    }
+    // SAFETY: `attrs` holds `num_attrs` attributes (the caller's contract).
+    let attrs = unsafe {
+        std::slice::from_raw_parts(c.attrs as *const LaunchAttribute, c.num_attrs as usize)
+    };
+    Ok(attrs
+        .iter()
+        .rev()
+        .find(|a| a.id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        .map_or(1, |a| {
+            a.value[..3].iter().map(|d| u64::from(*d).max(1)).product()
+        }))
+}
+
+/// Clusters of `config`'s shape that can be resident at once: the blocks that fit on the 132
+/// multiprocessors, grouped by the cluster's size; none for a cluster above the portable size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    n: *mut c_int,
+    f: usize,
+    config: *const crate::exec::LaunchConfig,
+) -> CUresult {
+    guard(|| {
+        tri!(crate::exec::kernel_ns(f as *mut c_void));
+        // SAFETY: the caller's configuration (null-checked there).
+        let per_cluster = match unsafe { cluster_blocks(config) } {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
+        // SAFETY: non-null (checked by cluster_blocks), the caller's configuration.
+        let threads: u64 = unsafe { (*config).block.iter().map(|d| u64::from(*d)).product() };
+        let block = c_int::try_from(threads).unwrap_or(c_int::MAX);
+        let clusters = if per_cluster > PORTABLE_CLUSTER_BLOCKS {
+            0
+        } else {
+            132 * blocks_per_sm(block) as u64 / per_cluster
+        };
+        // SAFETY: put refuses a null `n`; otherwise the caller's out-slot.
+        unsafe { put(n, c_int::try_from(clusters).unwrap_or(c_int::MAX)) }
+    })
+}
+
+/// The largest cluster a launch of `f` may use: the portable size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    size: *mut c_int,
+    f: usize,
+    config: *const crate::exec::LaunchConfig,
+) -> CUresult {
+    guard(|| {
+        tri!(crate::exec::kernel_ns(f as *mut c_void));
+        if config.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: put refuses a null `size`; otherwise the caller's out-slot.
+        unsafe { put(size, PORTABLE_CLUSTER_BLOCKS as c_int) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
     out: *mut usize,
@@ -188,6 +274,39 @@ pub extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
         tri!(crate::exec::kernel_ns(f as *mut c_void));
         // SAFETY: put refuses a null `out`; otherwise the caller's out-slot.
         unsafe { put(out, 232_448) }
+    })
+}
+
+/// Bytes of a `CUtensorMap`, the opaque TMA descriptor a Hopper kernel takes as a parameter.
+const TENSOR_MAP_BYTES: usize = 128;
+
+/// Dimensions a tensor map may have.
+const TENSOR_MAP_MAX_RANK: c_uint = 5;
+
+/// A tiled TMA descriptor (cuBLASLt builds them for its Hopper kernels). Kernels compute
+/// nothing here, so the descriptor is left zeroed: what is checked is what the real driver
+/// refuses outright (no out-slot, no global address, a rank outside 1..=5).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTensorMapEncodeTiled(
+    map: *mut [u8; TENSOR_MAP_BYTES],
+    _data_type: c_int,
+    rank: c_uint,
+    global: *mut c_void,
+    _global_dim: *const u64,
+    _global_strides: *const u64,
+    _box_dim: *const c_uint,
+    _element_strides: *const c_uint,
+    _interleave: c_int,
+    _swizzle: c_int,
+    _l2_promotion: c_int,
+    _oob_fill: c_int,
+) -> CUresult {
+    guard(|| {
+        if global.is_null() || !(1..=TENSOR_MAP_MAX_RANK).contains(&rank) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: put refuses a null `map`; otherwise the caller's 128-byte descriptor.
+        unsafe { put(map, [0u8; TENSOR_MAP_BYTES]) }
     })
 }
 
@@ -319,6 +438,9 @@ pub(crate) fn exports() -> Vec<(&'static str, usize)> {
         cuOccupancyMaxPotentialBlockSize,
         cuOccupancyMaxPotentialBlockSizeWithFlags,
         cuOccupancyAvailableDynamicSMemPerBlock,
+        cuOccupancyMaxActiveClusters,
+        cuOccupancyMaxPotentialClusterSize,
+        cuTensorMapEncodeTiled,
         cuModuleGetGlobal_v2,
         cuLibraryGetGlobal,
         cuLibraryGetManaged,
@@ -328,4 +450,101 @@ pub(crate) fn exports() -> Vec<(&'static str, usize)> {
         cuLibraryEnumerateKernels,
         cuLibraryGetUnifiedFunction,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::LaunchConfig;
+
+    fn config(block: c_uint, attrs: &mut [LaunchAttribute]) -> LaunchConfig {
+        LaunchConfig {
+            grid: [1, 1, 1],
+            block: [block, 1, 1],
+            shared: 0,
+            stream: 0,
+            attrs: attrs.as_mut_ptr().cast(),
+            num_attrs: attrs.len() as c_uint,
+        }
+    }
+
+    fn cluster(x: c_uint, y: c_uint) -> LaunchAttribute {
+        let mut value = [0; 16];
+        value[..3].copy_from_slice(&[x, y, 1]);
+        LaunchAttribute {
+            id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            _pad: 0,
+            value,
+        }
+    }
+
+    #[test]
+    fn cluster_blocks_from_the_launch_attributes() {
+        // SAFETY: each configuration is the test's own, its attributes alive for the call.
+        unsafe {
+            assert_eq!(cluster_blocks(&config(256, &mut [])), Ok(1));
+            assert_eq!(cluster_blocks(&config(256, &mut [cluster(2, 2)])), Ok(4));
+            let other = LaunchAttribute {
+                id: 1,
+                _pad: 0,
+                value: [7; 16],
+            };
+            assert_eq!(
+                cluster_blocks(&config(256, &mut [other, cluster(8, 1)])),
+                Ok(8)
+            );
+            assert_eq!(
+                cluster_blocks(std::ptr::null()),
+                Err(CUDA_ERROR_INVALID_VALUE)
+            );
+        }
+    }
+
+    #[test]
+    fn active_clusters_fit_the_multiprocessors() {
+        let f = crate::exec::new_kernel(c"gemm".as_ptr()).unwrap();
+        let mut n: c_int = -1;
+        // SAFETY: the out-slot and configurations are the test's own.
+        unsafe {
+            let r = cuOccupancyMaxActiveClusters(&mut n, f, &config(256, &mut [cluster(2, 1)]));
+            assert_eq!((r, n), (CUDA_SUCCESS, 132 * 8 / 2));
+            let r = cuOccupancyMaxActiveClusters(&mut n, f, &config(256, &mut [cluster(4, 4)]));
+            assert_eq!((r, n), (CUDA_SUCCESS, 0));
+            let r = cuOccupancyMaxActiveClusters(&mut n, 0, &config(256, &mut []));
+            assert_eq!(r, crate::driver::CUDA_ERROR_INVALID_HANDLE);
+            let r = cuOccupancyMaxPotentialClusterSize(&mut n, f, &config(256, &mut []));
+            assert_eq!((r, n), (CUDA_SUCCESS, 8));
+        }
+    }
+
+    #[test]
+    fn tiled_tensor_maps() {
+        let mut data = [0u8; 16];
+        let global: *mut c_void = data.as_mut_ptr().cast();
+        let encode = |rank: c_uint| {
+            let mut map = [0xffu8; TENSOR_MAP_BYTES];
+            let none = std::ptr::null();
+            // SAFETY: the descriptor and the address are the test's own; the array arguments
+            // are not read.
+            let r = unsafe {
+                cuTensorMapEncodeTiled(
+                    &mut map,
+                    0,
+                    rank,
+                    global,
+                    none,
+                    none,
+                    none.cast(),
+                    none.cast(),
+                    0,
+                    0,
+                    0,
+                    0,
+                )
+            };
+            (r, map)
+        };
+        assert_eq!(encode(2), (CUDA_SUCCESS, [0; TENSOR_MAP_BYTES]));
+        assert_eq!(encode(6).0, CUDA_ERROR_INVALID_VALUE);
+    }
 }

@@ -528,8 +528,14 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
+/// Freeing the null pointer succeeds and does nothing, as on a real driver: `cudaFree(0)` (the
+/// idiom that makes the runtime set up its context, which cuBLAS's `cublasCreate` uses) reaches
+/// the driver as `cuMemFree_v2(0)`, and an error there fails the handle's creation.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    if dptr == 0 {
+        return CUDA_SUCCESS;
+    }
     guard(|| release(Kind::Linear, dptr))
 }
 
@@ -1317,6 +1323,29 @@ mod tests {
         assert_eq!(array_bytes(100, 0, 0, 0x20, 4, 1), Some(1600));
         assert_eq!(array_bytes(8, 8, 0, 0x01, 1, 4), Some(64 + 16 + 4 + 1));
         assert_eq!(array_bytes(8, 8, 0, 0x77, 1, 1), None);
+    }
+
+    #[test]
+    fn freeing_null_succeeds() {
+        assert_eq!(cuMemFree_v2(0), CUDA_SUCCESS);
+    }
+
+    #[test]
+    fn library_entry_points_bound_by_dlsym() {
+        for name in [
+            "cuKernelGetLibrary",
+            "cuLinkCreate_v2",
+            "cuLinkAddData_v2",
+            "cuStreamGetGreenCtx",
+            "cuTensorMapEncodeTiled",
+            "cuOccupancyMaxActiveClusters",
+        ] {
+            assert!(exports().iter().any(|e| e.0 == name), "{name} not exported");
+        }
+        assert_eq!(
+            resolve("cuLinkCreate", 13000, 0),
+            Some(unsupported::cuLinkCreate_v2 as *const c_void as usize)
+        );
     }
 
     #[test]

@@ -157,6 +157,13 @@ pub extern "C" fn cuStreamGetCtx_ptsz(s: usize, ctx: *mut usize) -> CUresult {
     stream_out(s, true, ctx, |d| CTX_BASE + d)
 }
 
+/// The green context a stream belongs to: none (the simulated driver has no green contexts,
+/// `unsupported.rs`). cuBLASLt binds it by `dlsym` and refuses to start without it.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamGetGreenCtx(s: usize, green: *mut usize) -> CUresult {
+    stream_out(s, false, green, |_| 0)
+}
+
 /// CUDA 12.5: the context, and the green context (none here).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx_v2(
@@ -386,6 +393,7 @@ pub(crate) fn exports() -> Vec<(&'static str, usize)> {
         cuStreamGetCtx_ptsz,
         cuStreamGetCtx_v2,
         cuStreamGetCtx_v2_ptsz,
+        cuStreamGetGreenCtx,
         cuStreamGetDevice,
         cuStreamGetDevice_ptsz,
         cuStreamGetFlags,

@@ -59,12 +59,16 @@ unsupported! {
         cuEGLStreamProducerReturnFrame,
         cuGraphicsEGLRegisterImage,
     ]
-    /// JIT linking
+    /// JIT linking (the `_v2` forms are what a library that binds the driver by `dlsym`, as
+    /// cuBLASLt does, asks for; it refuses to start when one is missing)
     [
         cuLinkAddData,
+        cuLinkAddData_v2,
         cuLinkAddFile,
+        cuLinkAddFile_v2,
         cuLinkComplete,
         cuLinkCreate,
+        cuLinkCreate_v2,
         cuLinkDestroy,
     ]
     /// OpenGL interop
@@ -232,8 +236,6 @@ unsupported! {
         cuIpcGetEventHandle,
         cuIpcOpenEventHandle,
         cuKernelGetParamInfo,
-        cuOccupancyMaxActiveClusters,
-        cuOccupancyMaxPotentialClusterSize,
         cuStreamAttachMemAsync,
     ]
     /// multicast objects (NVLink SHARP)
@@ -245,9 +247,8 @@ unsupported! {
         cuMulticastUnbind,
         cuMulticastGetGranularity,
     ]
-    /// tensor maps (TMA descriptors)
+    /// tensor maps (TMA descriptors) beyond the tiled one (`functions.rs`)
     [
-        cuTensorMapEncodeTiled,
         cuTensorMapEncodeIm2col,
         cuTensorMapReplaceAddress,
     ]
