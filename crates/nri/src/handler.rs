@@ -2,7 +2,9 @@
 //! refusal), and word of containers that are gone. [`from_config`] builds the handler
 //! `gpufence nri` runs.
 
-use super::api::{Container, ContainerAdjustment, PodSandbox};
+use super::api::{Container, ContainerAdjustment, PodSandbox, ValidateContainerAdjustmentRequest};
+use super::facts::NodeFacts;
+use super::validate::{Decided, Node};
 use std::collections::BTreeSet;
 
 use crate::config::Config;
@@ -24,6 +26,44 @@ pub fn from_config(cfg: Config) -> PlanHandler {
         cfg,
         load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
         majors: std::sync::RwLock::new(None),
+        decisions: Decisions::default(),
+    }
+}
+
+/// Most decisions kept for their validation. NRI validates a creation right after its
+/// CreateContainer, under the same lock: a few are pending at most; the rest are creations
+/// that failed before validation (another plugin refused, a conflict), dropped oldest first.
+pub const MAX_PENDING_VALIDATIONS: usize = 256;
+
+/// What gpufence decided for each container, from CreateContainer to its validation (kept only
+/// where the runtime validates).
+#[derive(Debug, Default)]
+pub struct Decisions {
+    validating: std::sync::atomic::AtomicBool,
+    pending: std::sync::Mutex<std::collections::VecDeque<(String, Decided)>>,
+}
+
+impl Decisions {
+    fn validating(&self) -> bool {
+        self.validating.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn keep(&self, id: &str, d: Decided) {
+        if !self.validating() {
+            return;
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.retain(|(i, _)| i != id);
+        if p.len() >= MAX_PENDING_VALIDATIONS {
+            p.pop_front();
+        }
+        p.push_back((id.to_string(), d));
+    }
+
+    fn take(&self, id: &str) -> Option<Decided> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let i = p.iter().position(|(c, _)| c == id)?;
+        p.remove(i).map(|(_, d)| d)
     }
 }
 
@@ -43,6 +83,8 @@ pub struct PlanHandler {
     load_inventory: InventoryLoader,
     /// The GPU-class majors the after-the-fact fence looks for (read again at each Synchronize).
     majors: std::sync::RwLock<Option<Vec<u32>>>,
+    /// Decisions awaiting the runtime's validation.
+    decisions: Decisions,
 }
 
 /// A refusal: how it is counted, and the one line the runtime reports.
@@ -52,7 +94,11 @@ impl PlanHandler {
     /// The decision for one container: the request from NRI's message, the plan, its
     /// adjustment, and (when the plan grants anything) its host files and status record —
     /// written before the answer, so the container never starts without its quota.
-    fn decide(&self, pod: &PodSandbox, ctr: &Container) -> Result<ContainerAdjustment, Refusal> {
+    fn decide(
+        &self,
+        pod: &PodSandbox,
+        ctr: &Container,
+    ) -> Result<(ContainerAdjustment, Decided), Refusal> {
         let id = ctr.id.as_str();
         if !crate::text::valid_container_id(id) {
             let short = crate::text::short(id);
@@ -73,7 +119,7 @@ impl PlanHandler {
         )
         .map_err(|e| (e.reason(), e.to_string()))?;
         if intake.sandbox.is_some() {
-            return Ok(ContainerAdjustment::default());
+            return Ok(Default::default());
         }
         crate::driverfolders::settle_intake(
             &self.cfg,
@@ -82,8 +128,34 @@ impl PlanHandler {
         );
         let plan = &intake.plan;
         crate::plan::log_decision(id, plan);
-        let adjustment = super::adjust::render(&self.cfg, plan, ctr)
+        let devices: Vec<String> = plan
+            .allocation
+            .iter()
+            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+            .collect();
+        let facts = NodeFacts::new(
+            &self.cfg,
+            self.gpu_majors(false),
+            Some(intake.inventory.clone()),
+        );
+        let (adjustment, env) =
+            super::adjust::render_decided(&self.cfg, plan, ctr, &|k, planned, present| {
+                let pre = Decided {
+                    devices: devices.clone(),
+                    ..Default::default()
+                };
+                planned == present
+                    || facts.env_agrees(k, present, &pre) == Some(true)
+                    || (k == crate::allocation::container_dialects::NVIDIA_VISIBLE_DEVICES
+                        && super::validate::visibility_agrees(k, present, &pre, &facts)
+                        && !crate::allocation::container_dialects::nvd_requests_nothing(present))
+            })
             .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
+        let decided = Decided {
+            answer: adjustment.clone(),
+            env,
+            devices,
+        };
         if plan.state_dir.is_some() || !plan.host_files.is_empty() {
             crate::hostfiles::write_host_files(&self.cfg, id, plan).map_err(|e| {
                 let reason = if e.code() == 1 {
@@ -114,7 +186,36 @@ impl PlanHandler {
                 )
             })?;
         }
-        Ok(adjustment)
+        Ok((adjustment, decided))
+    }
+
+    /// The verdict on the merged adjustment of container `req.container` (see
+    /// [`super::validate`]), counted and logged as a refusal when it is one.
+    fn validate(&self, req: &ValidateContainerAdjustmentRequest, me: &str) -> Result<(), String> {
+        let t = std::time::Instant::now();
+        let (id, pod) = (
+            req.container.as_ref().map_or("", |c| c.id.as_str()),
+            req.pod.clone().unwrap_or_default(),
+        );
+        let decided = self.decisions.take(id);
+        let inventory = (self.load_inventory)(&self.cfg).ok();
+        let facts = NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory);
+        let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
+        let validation_us = t.elapsed().as_micros() as u64;
+        match verdict {
+            Ok(()) => {
+                tracing::info!(container = %id, pod = %pod.name, namespace = %pod.namespace,
+                    validation_us, "NRI: merged adjustment validated");
+                Ok(())
+            }
+            Err(r) => {
+                crate::state::refusals::count(&self.cfg.state_dir, Reason::Spec);
+                let line = format!("container {}: gpufence nri: {r}", crate::text::short(id));
+                tracing::error!(container = %id, pod = %pod.name, namespace = %pod.namespace,
+                    validation_us, error = %line, "NRI: merged adjustment refused");
+                Err(line)
+            }
+        }
     }
 }
 
@@ -237,7 +338,8 @@ impl Handler for PlanHandler {
     ) -> Result<ContainerAdjustment, String> {
         let t = std::time::Instant::now();
         match self.decide(pod, ctr) {
-            Ok(adjustment) => {
+            Ok((adjustment, decided)) => {
+                self.decisions.keep(&ctr.id, decided);
                 let decision_us = t.elapsed().as_micros() as u64;
                 let untouched = adjustment == ContainerAdjustment::default();
                 tracing::info!(
@@ -270,7 +372,30 @@ impl Handler for PlanHandler {
         }
     }
 
+    fn validates(&self) -> bool {
+        true
+    }
+
+    fn validation_offered(&self, offered: bool) {
+        self.decisions
+            .validating
+            .store(offered, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn validate_adjustment(
+        &self,
+        req: &ValidateContainerAdjustmentRequest,
+        me: &str,
+    ) -> Result<(), String> {
+        self.validate(req, me)
+    }
+
     fn container_started(&self, _pod: &PodSandbox, ctr: &Container) {
+        if self.decisions.take(&ctr.id).is_some() {
+            // Kept for a validation that never came: this runtime does not validate after all.
+            tracing::warn!(container = %ctr.id, "NRI: container started without the runtime \
+                asking gpufence to validate its merged adjustment; the after-the-fact fence stays");
+        }
         // NRI gives no pid at create: the status record learns it now, so `gpufence ps` can
         // reach the container's accounting region (the hook mode records its pid the same way).
         let id = ctr.id.as_str();
@@ -393,6 +518,7 @@ mod tests {
             cfg: cfg(dir),
             load_inventory,
             majors: std::sync::RwLock::new(None),
+            decisions: Decisions::default(),
         }
     }
 
