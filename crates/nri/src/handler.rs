@@ -614,6 +614,67 @@ mod tests {
         h.container_gone("../etc", Gone::Removed);
     }
 
+    /// NRI's validation request for `adj` (gpufence's, as `90-gpufence`) merged with what
+    /// another plugin (`10-injector`, `00-koordlet`) added.
+    fn validation(
+        id: &str,
+        adj: &ContainerAdjustment,
+        other: ContainerAdjustment,
+        owned: &[(crate::api::Field, &str, &str)],
+    ) -> ValidateContainerAdjustmentRequest {
+        let d = Decided {
+            answer: adj.clone(),
+            ..Default::default()
+        };
+        crate::validate::tests::request_for(id, &d, other, owned)
+    }
+
+    #[test]
+    fn an_agreeing_variable_is_left_to_its_plugin_and_a_gpu_added_by_another_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        h.validation_offered(true);
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        // koordlet (index 00) set NVIDIA_VISIBLE_DEVICES to the granted GPU's index: gpufence
+        // does not set the key again (NRI would refuse two plugins setting it).
+        let adj = h
+            .create_container(&p, &ctr(&[], &["NVIDIA_VISIBLE_DEVICES=0"]))
+            .unwrap();
+        assert!(
+            !adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"),
+            "{adj:?}"
+        );
+        use crate::api::Field;
+        use crate::validate::tests::{dev, with_devices, with_env};
+        let koordlet = with_env(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+        let owned = [(Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet")];
+        let req = validation("c1", &adj, koordlet, &owned);
+        h.validate_adjustment(&req, "90-gpufence").unwrap();
+        // Another container of the pod, to which a plugin adds a GPU node on top.
+        let c2 = Container {
+            id: "c2".into(),
+            ..ctr(&[], &[])
+        };
+        let adj = h.create_container(&p, &c2).unwrap();
+        assert!(adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"));
+        let gpu = with_devices(vec![dev("/dev/nvidia7", 195, 7)]);
+        let owned = [(Field::Devices, "/dev/nvidia7", "10-injector")];
+        let req = validation("c2", &adj, gpu, &owned);
+        let err = h.validate_adjustment(&req, "90-gpufence").unwrap_err();
+        assert_eq!(
+            err,
+            "container c2: gpufence nri: plugin \"10-injector\" added device node /dev/nvidia7 \
+             (c 195:7), which gpufence did not plan for this container"
+        );
+        // Validated once: the decision is gone; a container never decided here is refused.
+        let err = h.validate_adjustment(&req, "90-gpufence").unwrap_err();
+        assert!(err.contains("no decision of this gpufence"), "{err}");
+        // A runtime that does not validate: nothing kept, nothing left behind.
+        h.validation_offered(false);
+        h.create_container(&p, &ctr(&[], &[])).unwrap();
+        assert!(h.decisions.take("c1").is_none());
+    }
+
     #[test]
     fn a_refusal_is_one_line_and_counted() {
         let dir = tempfile::tempdir().unwrap();

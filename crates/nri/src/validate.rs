@@ -727,3 +727,668 @@ fn updates(
     }
     Ok(())
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::api::{
+        CdiDevice, CompoundFieldOwners, Container, ContainerUpdate, FieldOwners, KeyValue,
+        LinuxContainerAdjustment, LinuxContainerUpdate, LinuxResources, OptionalInt64,
+        OwningPlugins, PluginInstance,
+    };
+    use crate::cdi::{DeviceNodeEdit, MountEdit};
+
+    const ME: &str = "90-gpufence";
+    const OTHER: &str = "10-injector";
+
+    /// Two GPUs (GPU-0 at index/minor 0, GPU-1 at 1), majors 195 and 511 (nvidia-uvm), the
+    /// driver under /drv, three CDI devices.
+    struct TestNode;
+
+    impl Node for TestNode {
+        fn gpu_majors(&self) -> &[u32] {
+            &[195, 511]
+        }
+        fn is_driver_path(&self, source: &str) -> bool {
+            source.starts_with("/drv/")
+        }
+        fn visible_devices(&self, value: &str) -> Option<BTreeSet<String>> {
+            value
+                .split(',')
+                .map(|t| match t.trim() {
+                    "0" | "GPU-0" => Some("GPU-0".to_string()),
+                    "1" | "GPU-1" => Some("GPU-1".to_string()),
+                    _ => None,
+                })
+                .collect()
+        }
+        fn cdi_edits(&self, name: &str) -> Result<ContainerEdits, String> {
+            let node = |path: &str, major, minor| DeviceNodeEdit {
+                path: path.into(),
+                major: Some(major),
+                minor: Some(minor),
+                ..Default::default()
+            };
+            match name {
+                "nvidia.com/gpu=0" => Ok(ContainerEdits {
+                    device_nodes: vec![node("/dev/nvidia0", 195, 0)],
+                    ..Default::default()
+                }),
+                "nvidia.com/gpu=libs" => Ok(ContainerEdits {
+                    mounts: vec![MountEdit {
+                        host_path: "/drv/libcuda.so.1".into(),
+                        container_path: "/usr/lib/libcuda.so.1".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                "vendor.com/net=x" => Ok(ContainerEdits {
+                    device_nodes: vec![node("/dev/net/tun", 10, 200)],
+                    env: vec!["NET=1".into()],
+                    ..Default::default()
+                }),
+                _ => Err("no spec in cdi.spec-dirs defines it".into()),
+            }
+        }
+    }
+
+    fn kv(k: &str, v: &str) -> KeyValue {
+        KeyValue {
+            key: k.into(),
+            value: v.into(),
+        }
+    }
+
+    pub(crate) fn dev(path: &str, major: i64, minor: i64) -> LinuxDevice {
+        LinuxDevice {
+            path: path.into(),
+            r#type: "c".into(),
+            major,
+            minor,
+            ..Default::default()
+        }
+    }
+
+    fn rule(major: Option<i64>, minor: Option<i64>, access: &str) -> LinuxDeviceCgroup {
+        LinuxDeviceCgroup {
+            allow: true,
+            r#type: "c".into(),
+            major: major.map(|value| OptionalInt64 { value }),
+            minor: minor.map(|value| OptionalInt64 { value }),
+            access: access.into(),
+        }
+    }
+
+    fn mount(dest: &str, src: &str) -> Mount {
+        Mount {
+            destination: dest.into(),
+            r#type: "bind".into(),
+            source: src.into(),
+            options: vec!["bind".into(), "ro".into()],
+        }
+    }
+
+    /// gpufence's decision for a pod granted GPU 1: its node and rule, the shim, the quota
+    /// env; `NVIDIA_VISIBLE_DEVICES` planned but left to the container (an earlier plugin set
+    /// it as planned).
+    fn granted() -> Decided {
+        let answer = ContainerAdjustment {
+            env: vec![kv("GPUFENCE_MEMORY_LIMIT_0", "1073741824")],
+            mounts: vec![
+                mount("/usr/lib/gpufence/libgpufence.so", "/shim/libgpufence.so"),
+                mount("/etc/ld.so.preload", "/state/c1/ld.so.preload"),
+            ],
+            linux: Some(LinuxContainerAdjustment {
+                devices: vec![dev("/dev/nvidia1", 195, 1)],
+                resources: Some(LinuxResources {
+                    devices: vec![rule(Some(195), Some(1), "rw")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Decided {
+            env: [
+                ("GPUFENCE_MEMORY_LIMIT_0", "1073741824"),
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            devices: vec!["GPU-1".into()],
+            answer,
+        }
+    }
+
+    /// The request NRI sends: gpufence's answer merged with `other`'s additions, owners
+    /// recorded as NRI does (`owned`: (field, key, plugin) of the other plugin's entries).
+    fn request(
+        decided: &Decided,
+        other: ContainerAdjustment,
+        owned: &[(Field, &str, &str)],
+    ) -> ValidateContainerAdjustmentRequest {
+        request_for("c1", decided, other, owned)
+    }
+
+    /// [`request`] for container `id`.
+    pub(crate) fn request_for(
+        id: &str,
+        decided: &Decided,
+        other: ContainerAdjustment,
+        owned: &[(Field, &str, &str)],
+    ) -> ValidateContainerAdjustmentRequest {
+        let mut merged = decided.answer.clone();
+        merged.env.extend(other.env);
+        merged.mounts.extend(other.mounts);
+        merged.cdi_devices.extend(other.cdi_devices);
+        if let Some(l) = other.linux {
+            let m = merged.linux.get_or_insert_with(Default::default);
+            m.devices.extend(l.devices);
+            if let Some(r) = l.resources {
+                let mr = m.resources.get_or_insert_with(Default::default);
+                mr.devices.extend(r.devices);
+            }
+        }
+        if let Some(h) = other.hooks {
+            merged.hooks = Some(h);
+        }
+        let mut fo = FieldOwners::default();
+        let mut own = |field: Field, key: &str, plugin: &str| {
+            fo.compound
+                .entry(field as i32)
+                .or_insert_with(CompoundFieldOwners::default)
+                .owners
+                .insert(key.to_string(), plugin.to_string());
+        };
+        for e in &decided.answer.env {
+            own(Field::Env, &e.key, ME);
+        }
+        for m in &decided.answer.mounts {
+            own(Field::Mounts, &m.destination, ME);
+        }
+        for d in decided.answer.linux.iter().flat_map(|l| &l.devices) {
+            own(Field::Devices, &d.path, ME);
+        }
+        for (f, k, p) in owned {
+            own(*f, k, p);
+        }
+        ValidateContainerAdjustmentRequest {
+            container: Some(Container {
+                id: id.into(),
+                ..Default::default()
+            }),
+            adjust: Some(merged),
+            owners: Some(OwningPlugins {
+                owners: [(id.to_string(), fo)].into_iter().collect(),
+            }),
+            plugins: [("10", "injector"), ("90", "gpufence")]
+                .iter()
+                .map(|(i, n)| PluginInstance {
+                    name: n.to_string(),
+                    index: i.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn check(
+        decided: &Decided,
+        other: ContainerAdjustment,
+        owned: &[(Field, &str, &str)],
+    ) -> Result<(), String> {
+        validate(
+            &request(decided, other, owned),
+            ME,
+            Some(decided),
+            &TestNode,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn with_devices(devices: Vec<LinuxDevice>) -> ContainerAdjustment {
+        ContainerAdjustment {
+            linux: Some(LinuxContainerAdjustment {
+                devices,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn with_env(env: &[(&str, &str)]) -> ContainerAdjustment {
+        ContainerAdjustment {
+            env: env.iter().map(|(k, v)| kv(k, v)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gpufence_s_own_adjustment_passes_and_so_does_what_touches_no_gpu() {
+        check(&granted(), ContainerAdjustment::default(), &[]).unwrap();
+        check(&Decided::default(), ContainerAdjustment::default(), &[]).unwrap();
+        let harmless = ContainerAdjustment {
+            env: vec![kv("OTEL_SERVICE", "x")],
+            mounts: vec![mount("/etc/app.conf", "/srv/app.conf")],
+            cdi_devices: vec![CdiDevice {
+                name: "vendor.com/net=x".into(),
+            }],
+            linux: Some(LinuxContainerAdjustment {
+                devices: vec![dev("/dev/fuse", 10, 229)],
+                resources: Some(LinuxResources {
+                    devices: vec![rule(Some(10), Some(229), "rwm")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let owned = [
+            (Field::Env, "OTEL_SERVICE", OTHER),
+            (Field::Mounts, "/etc/app.conf", OTHER),
+            (Field::Devices, "/dev/fuse", OTHER),
+            (Field::CdiDevices, "vendor.com/net=x", OTHER),
+        ];
+        check(&Decided::default(), harmless.clone(), &owned).unwrap();
+        check(&granted(), harmless, &owned).unwrap();
+    }
+
+    #[test]
+    fn a_gpu_node_or_cdi_device_another_plugin_adds_is_refused_naming_it() {
+        let e = check(
+            &Decided::default(),
+            with_devices(vec![dev("/dev/nvidia0", 195, 0)]),
+            &[(Field::Devices, "/dev/nvidia0", OTHER)],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "plugin \"10-injector\" added device node /dev/nvidia0 (c 195:0), which gpufence \
+             did not plan for this container"
+        );
+        // A granted pod: another GPU, or the control node nvidia-uvm by its major.
+        for d in [dev("/dev/nvidia0", 195, 0), dev("/dev/gpu-uvm", 511, 0)] {
+            let path = d.path.clone();
+            let e = check(
+                &granted(),
+                with_devices(vec![d]),
+                &[(Field::Devices, &path, OTHER)],
+            );
+            assert!(
+                e.unwrap_err()
+                    .contains(&format!("added device node {path}"))
+            );
+        }
+        // A CDI device resolving to a GPU node, or to a driver library.
+        for (name, part) in [
+            ("nvidia.com/gpu=0", "device node /dev/nvidia0 195:0"),
+            (
+                "nvidia.com/gpu=libs",
+                "a mount of a driver library: /usr/lib/libcuda.so.1",
+            ),
+        ] {
+            let cdi = ContainerAdjustment {
+                cdi_devices: vec![CdiDevice { name: name.into() }],
+                ..Default::default()
+            };
+            let e = check(
+                &Decided::default(),
+                cdi,
+                &[(Field::CdiDevices, name, OTHER)],
+            );
+            assert_eq!(
+                e.unwrap_err(),
+                format!(
+                    "plugin \"10-injector\" added CDI device {name} ({part}), which gpufence did \
+                     not plan for this container"
+                )
+            );
+        }
+        // One that cannot be resolved is refused too (fail closed).
+        let cdi = ContainerAdjustment {
+            cdi_devices: vec![CdiDevice {
+                name: "example.com/gpu=9".into(),
+            }],
+            ..Default::default()
+        };
+        let e = check(
+            &granted(),
+            cdi,
+            &[(Field::CdiDevices, "example.com/gpu=9", OTHER)],
+        );
+        assert!(
+            e.unwrap_err()
+                .contains("CDI device example.com/gpu=9, which cannot be checked (no spec")
+        );
+    }
+
+    #[test]
+    fn visibility_env_must_name_exactly_the_granted_devices() {
+        let nvd = |v: &str| {
+            check(
+                &granted(),
+                with_env(&[("NVIDIA_VISIBLE_DEVICES", v)]),
+                &[(Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet")],
+            )
+        };
+        // koordlet's minor, or the UUID, for the granted GPU: agrees.
+        nvd("1").unwrap();
+        nvd("GPU-1").unwrap();
+        nvd("void").unwrap();
+        for bad in ["0", "0,1", "all", "GPU-9"] {
+            let e = nvd(bad).unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "plugin \"00-koordlet\" added env NVIDIA_VISIBLE_DEVICES={bad}, which \
+                     gpufence did not plan for this container"
+                )
+            );
+        }
+        // No grant: any device named is refused.
+        let e = check(
+            &Decided::default(),
+            with_env(&[("NVIDIA_VISIBLE_DEVICES", "1")]),
+            &[(Field::Env, "NVIDIA_VISIBLE_DEVICES", OTHER)],
+        );
+        assert!(e.is_err());
+        // CUDA's ordinals count the container's devices.
+        let cvd = |v: &str| {
+            check(
+                &granted(),
+                with_env(&[("CUDA_VISIBLE_DEVICES", v)]),
+                &[(Field::Env, "CUDA_VISIBLE_DEVICES", OTHER)],
+            )
+        };
+        cvd("0").unwrap();
+        cvd("GPU-1").unwrap();
+        assert!(cvd("1").is_err() && cvd("0,0").is_ok() && cvd("GPU-0").is_err());
+        // gpufence's own variables, set by another plugin to another value.
+        let e = check(
+            &granted(),
+            with_env(&[("GPUFENCE_OVERSUBSCRIBE", "1")]),
+            &[(Field::Env, "GPUFENCE_OVERSUBSCRIBE", OTHER)],
+        );
+        assert!(
+            e.unwrap_err()
+                .contains("added env GPUFENCE_OVERSUBSCRIBE=1")
+        );
+    }
+
+    #[test]
+    fn a_dialect_can_vouch_for_a_variable() {
+        struct Vouching;
+        impl Node for Vouching {
+            fn gpu_majors(&self) -> &[u32] {
+                &[195]
+            }
+            fn is_driver_path(&self, _: &str) -> bool {
+                false
+            }
+            fn visible_devices(&self, _: &str) -> Option<BTreeSet<String>> {
+                None
+            }
+            fn cdi_edits(&self, _: &str) -> Result<ContainerEdits, String> {
+                Err("none".into())
+            }
+            fn env_agrees(&self, key: &str, value: &str, d: &Decided) -> Option<bool> {
+                (key == "NVIDIA_VISIBLE_DEVICES")
+                    .then(|| value == "minor-1" && d.devices == ["GPU-1"])
+            }
+        }
+        let d = granted();
+        let r = |v: &str| {
+            request(
+                &d,
+                with_env(&[("NVIDIA_VISIBLE_DEVICES", v)]),
+                &[(Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet")],
+            )
+        };
+        validate(&r("minor-1"), ME, Some(&d), &Vouching).unwrap();
+        // The dialect's "no" wins over the generic rule.
+        assert!(validate(&r("GPU-1"), ME, Some(&d), &Vouching).is_err());
+    }
+
+    #[test]
+    fn a_preload_is_refused_and_hami_core_s_names_what_to_turn_off() {
+        let e = check(
+            &granted(),
+            with_env(&[("LD_PRELOAD", "/usr/local/vgpu/libvgpu.so")]),
+            &[(Field::Env, "LD_PRELOAD", "00-koordlet")],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with(
+                "plugin \"00-koordlet\" added env LD_PRELOAD=/usr/local/vgpu/libvgpu.so \
+                 (HAMi-core), which gpufence replaces: turn off Koordinator's HAMi-core isolation"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("koordinator.sh/gpu-isolation-provider=HAMi-core"),
+            "{e}"
+        );
+        let e = check(
+            &Decided::default(),
+            with_env(&[("LD_PRELOAD", "/opt/evil.so")]),
+            &[(Field::Env, "LD_PRELOAD", OTHER)],
+        );
+        assert!(e.unwrap_err().contains("added env LD_PRELOAD=/opt/evil.so"));
+        // The preload file, a driver library, a reserved destination.
+        for (dest, src) in [
+            ("/etc/ld.so.preload", "/tmp/preload"),
+            ("/etc", "/srv/etc"),
+            (
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "/srv/libcuda.so.1",
+            ),
+            ("/opt/lib/libx.so", "/drv/libnvidia-ml.so.1"),
+            ("/run/gpufence", "/srv/fake-state"),
+        ] {
+            let m = ContainerAdjustment {
+                mounts: vec![mount(dest, src)],
+                ..Default::default()
+            };
+            let e = check(&Decided::default(), m, &[(Field::Mounts, dest, OTHER)]);
+            assert!(
+                e.unwrap_err().contains(&format!("({dest} from {src})")),
+                "{dest}"
+            );
+        }
+    }
+
+    #[test]
+    fn cgroup_rules_opening_gpu_majors_are_refused_naming_the_other_plugins() {
+        let rules = |r: Vec<LinuxDeviceCgroup>| ContainerAdjustment {
+            linux: Some(LinuxContainerAdjustment {
+                resources: Some(LinuxResources {
+                    devices: r,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = check(&granted(), rules(vec![rule(Some(195), None, "rwm")]), &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "plugin \"10-injector\" added device cgroup rule \"allow c 195:* rwm\", which \
+             gpufence did not plan for this container"
+        );
+        assert!(check(&granted(), rules(vec![rule(None, None, "rw")]), &[]).is_err());
+        // What gpufence planned (again), a denial, an mknod-only rule: pass.
+        check(&granted(), rules(vec![rule(Some(195), Some(1), "r")]), &[]).unwrap();
+        let mut deny = rule(Some(195), None, "rwm");
+        deny.allow = false;
+        check(
+            &granted(),
+            rules(vec![deny, rule(Some(195), None, "m")]),
+            &[],
+        )
+        .unwrap();
+        // Several plugins consulted: all named.
+        let mut r = request(&granted(), rules(vec![rule(Some(195), Some(0), "rw")]), &[]);
+        r.plugins.push(PluginInstance {
+            name: "other".into(),
+            index: "20".into(),
+        });
+        let e = validate(&r, ME, Some(&granted()), &TestNode).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("one of the plugins \"10-injector\", \"20-other\" (NRI records")
+        );
+        // An update of another container opening a GPU.
+        let mut r = request(&granted(), ContainerAdjustment::default(), &[]);
+        r.update.push(ContainerUpdate {
+            container_id: "c0".into(),
+            linux: Some(LinuxContainerUpdate {
+                resources: Some(LinuxResources {
+                    devices: vec![rule(Some(195), Some(0), "rw")],
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        });
+        let e = validate(&r, ME, Some(&granted()), &TestNode).unwrap_err();
+        assert!(e.to_string().contains("an update of container c0"), "{e}");
+    }
+
+    #[test]
+    fn gpufence_s_answer_taken_back_is_refused() {
+        let d = granted();
+        let mut r = request(&d, ContainerAdjustment::default(), &[]);
+        // A later plugin removed gpufence's preload file and set the memory variable its way.
+        let merged = r.adjust.as_mut().unwrap();
+        merged
+            .mounts
+            .retain(|m| m.destination != "/etc/ld.so.preload");
+        r.owners
+            .as_mut()
+            .unwrap()
+            .owners
+            .get_mut("c1")
+            .unwrap()
+            .compound
+            .get_mut(&(Field::Mounts as i32))
+            .unwrap()
+            .owners
+            .insert("/etc/ld.so.preload".into(), "-95-late".into());
+        let e = validate(&r, ME, Some(&d), &TestNode).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "plugin \"95-late\" removed or changed gpufence's mount /etc/ld.so.preload"
+        );
+        let mut r = request(&d, ContainerAdjustment::default(), &[]);
+        r.adjust.as_mut().unwrap().env[0].value = "0".into();
+        assert!(validate(&r, ME, Some(&d), &TestNode).is_err());
+        let mut r = request(&d, ContainerAdjustment::default(), &[]);
+        r.adjust.as_mut().unwrap().linux = None;
+        let e = validate(&r, ME, Some(&d), &TestNode).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("gpufence's device node /dev/nvidia1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_injecting_hook_and_an_unknown_decision_are_refused() {
+        let hook = ContainerAdjustment {
+            hooks: Some(Hooks {
+                prestart: vec![Hook {
+                    path: "/usr/bin/nvidia-container-runtime-hook".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = check(&Decided::default(), hook, &[]).unwrap_err();
+        assert!(e.contains("a GPU-injecting prestart hook /usr/bin/nvidia-container-runtime-hook"));
+        let r = request(&granted(), ContainerAdjustment::default(), &[]);
+        assert_eq!(validate(&r, ME, None, &TestNode), Err(Refusal::Undecided));
+        let r = ValidateContainerAdjustmentRequest::default();
+        assert_eq!(
+            validate(&r, ME, Some(&granted()), &TestNode),
+            Err(Refusal::NoContainer)
+        );
+    }
+
+    #[test]
+    fn without_owner_records_gpufence_s_entries_are_recognised_by_value() {
+        let d = granted();
+        let mut r = request(&d, with_devices(vec![dev("/dev/nvidia0", 195, 0)]), &[]);
+        r.owners = None;
+        let e = validate(&r, ME, Some(&d), &TestNode).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("plugin \"10-injector\" added device node /dev/nvidia0")
+        );
+        let mut r = request(&d, ContainerAdjustment::default(), &[]);
+        r.owners = None;
+        validate(&r, ME, Some(&d), &TestNode).unwrap();
+    }
+
+    proptest::proptest! {
+        /// Whatever other plugins add, the verdict is one line and never a panic; a GPU node
+        /// another plugin adds is always refused.
+        #[test]
+        fn any_merge_is_judged_and_a_gpu_node_never_passes(
+            env in proptest::collection::vec(
+                (proptest::sample::select(vec![
+                    "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "A",
+                    "GPUFENCE_STATE", "-LD_PRELOAD", "GPU_DEVICE_ORDINAL",
+                ]), "[ -~\n]{0,12}"),
+                0..6,
+            ),
+            devs in proptest::collection::vec(("/dev/[a-z0-9]{1,8}", 0i64..600, -1i64..4), 0..4),
+            rules in proptest::collection::vec(
+                (proptest::option::of(-2i64..600), proptest::option::of(-1i64..3), "[rwmx]{0,3}", "[abcz]?"),
+                0..4,
+            ),
+            mounts in proptest::collection::vec(("/[a-z./]{0,20}", "/[a-z./]{0,20}"), 0..4),
+            cdi in proptest::collection::vec("[a-z.]{1,8}/[a-z]{1,4}=[a-z0-9]{1,3}", 0..3),
+            owner_is_me in proptest::bool::ANY,
+            gpu_minor in 0i64..4,
+        ) {
+            let other = ContainerAdjustment {
+                env: env.iter().map(|(k, v)| kv(k, v)).collect(),
+                mounts: mounts.iter().map(|(d, s)| mount(d, s)).collect(),
+                cdi_devices: cdi.iter().map(|n| CdiDevice { name: n.clone() }).collect(),
+                linux: Some(LinuxContainerAdjustment {
+                    devices: devs.iter().map(|(p, ma, mi)| dev(p, *ma, *mi)).collect(),
+                    resources: Some(LinuxResources {
+                        devices: rules.iter().map(|(ma, mi, a, t)| {
+                            let mut r = rule(*ma, *mi, a);
+                            r.r#type = t.clone();
+                            r
+                        }).collect(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let owner = if owner_is_me { ME } else { OTHER };
+            let mut owned: Vec<(Field, &str, &str)> = Vec::new();
+            owned.extend(env.iter().map(|(k, _)| (Field::Env, *k, owner)));
+            owned.extend(devs.iter().map(|(p, _, _)| (Field::Devices, p.as_str(), OTHER)));
+            owned.extend(mounts.iter().map(|(d, _)| (Field::Mounts, d.as_str(), OTHER)));
+            for d in [Decided::default(), granted()] {
+                let r = request(&d, other.clone(), &owned);
+                if let Err(e) = validate(&r, ME, Some(&d), &TestNode) {
+                    let line = e.to_string();
+                    proptest::prop_assert!(!line.contains('\n'), "{line}");
+                }
+                // The same, plus a GPU node (not the planned one) from another plugin.
+                let mut with_gpu = other.clone();
+                with_gpu.linux.as_mut().unwrap().devices.push(dev("/dev/nvidia0", 195, gpu_minor + 2));
+                let mut owned = owned.clone();
+                owned.push((Field::Devices, "/dev/nvidia0", OTHER));
+                let r = request(&d, with_gpu, &owned);
+                proptest::prop_assert!(validate(&r, ME, Some(&d), &TestNode).is_err());
+            }
+        }
+    }
+}
