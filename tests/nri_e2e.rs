@@ -468,18 +468,25 @@ fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
 /// `app` of `pods`.
 fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
     let s = common::scratch(name);
+    let node = kubelet_gpu1_node_in(&s, pods, &[]);
+    (s, node)
+}
+
+/// [`kubelet_gpu1_node`] in scratch dir `s`, with `extra` configuration.
+fn kubelet_gpu1_node_in(
+    s: &Path,
+    pods: &[&str],
+    extra: &[(&str, toml_edit::Item)],
+) -> runtime_support::Node {
     let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
     std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
     checkpoint_granting_gpu1(&checkpoint, pods);
-    let node = runtime_support::node(
-        &s,
-        2,
-        &[(
-            "kubelet.checkpoint",
-            toml_edit::value(checkpoint.display().to_string()),
-        )],
-    );
-    (s, node)
+    let mut config = vec![(
+        "kubelet.checkpoint",
+        toml_edit::value(checkpoint.display().to_string()),
+    )];
+    config.extend(extra.iter().cloned());
+    runtime_support::node(s, 2, &config)
 }
 
 /// [`kubelet_gpu1_node`] and a
@@ -1282,4 +1289,138 @@ fn nri_on_crio_1_36() {
     gpufence("unconfigure");
     assert!(!crio.dir.join("crio.conf.d/99-gpufence-nri.conf").exists());
     assert_eq!(std::fs::read_to_string(crio.config()).unwrap(), original);
+}
+
+/// A scratch dir, [`kubelet_gpu1_node`] granting GPU 1 to `agreeing-pod`, and a CDI spec
+/// directory (gpufence's `cdi.spec-dirs`) where `nvidia.com/gpu=0` is the simulated GPU 0's node,
+/// as NVIDIA's toolkit writes it: (scratch, node, CDI directory).
+fn injector_node(name: &str) -> (PathBuf, runtime_support::Node, PathBuf) {
+    let s = common::scratch(name);
+    let cdi = s.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let mut dirs = toml_edit::Array::new();
+    dirs.push(cdi.display().to_string());
+    let extra = [("cdi.spec-dirs", toml_edit::value(dirs))];
+    let node = kubelet_gpu1_node_in(&s, &["agreeing-pod"], &extra);
+    let dev = node.dir.canonicalize().unwrap().join("dev");
+    let spec = serde_json::json!({"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [
+            {"path": "/dev/nvidia0", "hostPath": dev.join("nvidia0")}]}}]});
+    std::fs::write(cdi.join("nvidia.json"), spec.to_string()).unwrap();
+    (s, node, cdi)
+}
+
+/// With `gpufence nri` and the project's injector registered on one runtime (CRI socket
+/// `sock`): what the injector adds that gpufence did not plan never reaches a container — the
+/// creation is refused by gpufence's validation, naming the injector and what it added — and
+/// what agrees with the plan passes.
+fn validation_cases(py: &Path, sock: &Path, s: &Path, node: &runtime_support::Node) {
+    use cri_support::injector::{CDI_PREFIX, DEVICE_PREFIX, ENV_PREFIX};
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("NRI: validating the merged adjustment of every plugin"),
+        "{log}"
+    );
+    let refused = |name: &str, annotations: serde_json::Value, added: &str| {
+        let r = pod(
+            py,
+            sock,
+            s,
+            name,
+            "echo ran",
+            serde_json::json!({"pod_annotations": annotations}),
+        );
+        assert_eq!(r["stage"], "create_container", "{r}");
+        let err = r["error"].as_str().unwrap();
+        assert!(err.contains("validator \"90-gpufence\" rejected"), "{r}");
+        assert!(
+            err.contains(&format!("plugin \"10-injector\" added {added}")),
+            "{r}"
+        );
+        eprintln!("{name}: {err}");
+    };
+    // A pod with no grant asks the other plugin for GPU 0, as NVIDIA's NRI plugin is asked.
+    refused(
+        "asks-cdi",
+        serde_json::json!({format!("{CDI_PREFIX}app"): "nvidia.com/gpu=0"}),
+        "CDI device nvidia.com/gpu=0 (device node /dev/nvidia0 195:0)",
+    );
+    refused(
+        "asks-node",
+        serde_json::json!({format!("{DEVICE_PREFIX}app"): "/dev/nvidia0=195:0"}),
+        "device node /dev/nvidia0 (c 195:0)",
+    );
+    // koordlet's HAMi-core preload: refused, naming what to turn off on Koordinator's side.
+    refused(
+        "preload-pod",
+        serde_json::json!({format!("{ENV_PREFIX}app"): "LD_PRELOAD=/usr/local/vgpu/libvgpu.so"}),
+        "env LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces: turn \
+         off Koordinator's HAMi-core isolation",
+    );
+    // What agrees passes: koordlet's NVIDIA_VISIBLE_DEVICES=<minor> for the granted GPU 1 (gpufence
+    // leaves the key to it: NRI refuses two plugins setting one key); a pod with nothing added.
+    let mut agreeing = gpu1_request("2Gi", "localhost/pause:test");
+    agreeing["pod_annotations"][format!("{ENV_PREFIX}app")] = "NVIDIA_VISIBLE_DEVICES=1".into();
+    let command = format!(
+        "echo nvd=$NVIDIA_VISIBLE_DEVICES\n{}",
+        runtime_support::PROBE
+    );
+    let r = pod(py, sock, s, "agreeing-pod", &command, agreeing);
+    assert_fenced_to_gpu1(&r, 2 << 30);
+    assert_eq!(
+        runtime_support::facts(r["log"].as_str().unwrap())["nvd"],
+        "1",
+        "{r}"
+    );
+    assert_eq!(runs(py, sock, s, "plain-pod", "echo ran"), "ran\n");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert_eq!(
+        log.matches("NRI: merged adjustment refused").count(),
+        3,
+        "{log}"
+    );
+}
+
+/// The last word over NRI on containerd 2.3.4: gpufence validates the merged adjustment of
+/// every plugin; the project's injector (`tests/cri_support/injector.rs`) stands for the others.
+#[test]
+fn nri_validation_refuses_what_another_plugin_adds() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let (s, node, cdi) = injector_node("nri-validate");
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &["gpufence"]);
+    cri_support::set_cdi_spec_dirs(&config, &[&cdi]);
+    let c = start_containerd23(&bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    let nri_sock = cdir.join("nri.sock");
+    let plugin = spawn_nri(&node.config, &nri_sock, &s.join("nri.stderr"));
+    wait_registered(&node.log, 1);
+    let (stop, t) = cri_support::injector::start(&nri_sock);
+    validation_cases(&py, &c.sock, &s, &node);
+    stop.stop();
+    t.join().unwrap();
+    drop(plugin);
+}
+
+/// The same on CRI-O 1.36.3 (NRI v0.11.0).
+#[test]
+fn nri_validation_on_crio_1_36() {
+    let Some(py) = cri_support::python() else {
+        return;
+    };
+    let Some(bin) = cri_support::crio::engine() else {
+        return;
+    };
+    let (s, node, _cdi) = injector_node("crio-nri-validate");
+    let mut crio = cri_support::crio::setup(&s, &bin, &cri_support::crio::Options::default());
+    crio.start();
+    let plugin = spawn_nri(&node.config, &crio.nri_socket(), &s.join("nri.stderr"));
+    wait_registered(&node.log, 1);
+    let (stop, t) = cri_support::injector::start(&crio.nri_socket());
+    validation_cases(&py, &crio.sock, &s, &node);
+    stop.stop();
+    t.join().unwrap();
+    drop(plugin);
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 pub mod crio;
+pub mod injector;
 
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {
