@@ -1315,52 +1315,64 @@ fn injector_node(name: &str) -> (PathBuf, runtime_support::Node, PathBuf) {
 /// creation is refused by gpufence's validation, naming the injector and what it added — and
 /// what agrees with the plan passes.
 fn validation_cases(py: &Path, sock: &Path, s: &Path, node: &runtime_support::Node) {
-    use cri_support::injector::{CDI_PREFIX, DEVICE_PREFIX, ENV_PREFIX};
+    use cri_support::injector::{CDI_PREFIX, device_key, env_key};
     let log = std::fs::read_to_string(&node.log).unwrap();
     assert!(
         log.contains("NRI: validating the merged adjustment of every plugin"),
         "{log}"
     );
-    let refused = |name: &str, annotations: serde_json::Value, added: &str| {
-        let r = pod(
-            py,
-            sock,
-            s,
-            name,
-            "echo ran",
-            serde_json::json!({"pod_annotations": annotations}),
-        );
+    let create_error = |name: &str, annotations: serde_json::Value| {
+        let req = serde_json::json!({"pod_annotations": annotations});
+        let r = pod(py, sock, s, name, "echo ran", req);
         assert_eq!(r["stage"], "create_container", "{r}");
-        let err = r["error"].as_str().unwrap();
-        assert!(err.contains("validator \"90-gpufence\" rejected"), "{r}");
+        eprintln!("{name}: {}", r["error"]);
+        r["error"].as_str().unwrap().to_string()
+    };
+    let refused = |name: &str, annotations: serde_json::Value, by: &str, added: &str| {
+        let err = create_error(name, annotations);
+        assert!(err.contains("validator \"90-gpufence\" rejected"), "{err}");
         assert!(
-            err.contains(&format!("plugin \"10-injector\" added {added}")),
-            "{r}"
+            err.contains(&format!("plugin \"{by}\" added {added}")),
+            "{err}"
         );
-        eprintln!("{name}: {err}");
     };
     // A pod with no grant asks the other plugin for GPU 0, as NVIDIA's NRI plugin is asked.
     refused(
         "asks-cdi",
         serde_json::json!({format!("{CDI_PREFIX}app"): "nvidia.com/gpu=0"}),
+        "10-injector",
         "CDI device nvidia.com/gpu=0 (device node /dev/nvidia0 195:0)",
     );
+    // The node itself, added after gpufence: the validation names the plugin; added before,
+    // gpufence's own decision already sees it in the container and refuses it.
     refused(
         "asks-node",
-        serde_json::json!({format!("{DEVICE_PREFIX}app"): "/dev/nvidia0=195:0"}),
+        serde_json::json!({device_key("late-injector", "app"): "/dev/nvidia0=195:0"}),
+        "95-late-injector",
         "device node /dev/nvidia0 (c 195:0)",
+    );
+    let err = create_error(
+        "asks-node-early",
+        serde_json::json!({device_key("injector", "app"): "/dev/nvidia0=195:0"}),
+    );
+    assert!(
+        err.contains("linux.devices=\"/dev/nvidia0\": GPU 0")
+            && err.contains("is not among what kubelet recorded"),
+        "{err}"
     );
     // koordlet's HAMi-core preload: refused, naming what to turn off on Koordinator's side.
     refused(
         "preload-pod",
-        serde_json::json!({format!("{ENV_PREFIX}app"): "LD_PRELOAD=/usr/local/vgpu/libvgpu.so"}),
+        serde_json::json!({env_key("injector", "app"): "LD_PRELOAD=/usr/local/vgpu/libvgpu.so"}),
+        "10-injector",
         "env LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces: turn \
          off Koordinator's HAMi-core isolation",
     );
-    // What agrees passes: koordlet's NVIDIA_VISIBLE_DEVICES=<minor> for the granted GPU 1 (gpufence
-    // leaves the key to it: NRI refuses two plugins setting one key); a pod with nothing added.
+    // What agrees passes: koordlet's NVIDIA_VISIBLE_DEVICES=<minor> for the granted GPU 1
+    // (gpufence leaves the key to it: NRI refuses two plugins setting one key); a pod with
+    // nothing added.
     let mut agreeing = gpu1_request("2Gi", "localhost/pause:test");
-    agreeing["pod_annotations"][format!("{ENV_PREFIX}app")] = "NVIDIA_VISIBLE_DEVICES=1".into();
+    agreeing["pod_annotations"][env_key("injector", "app")] = "NVIDIA_VISIBLE_DEVICES=1".into();
     let command = format!(
         "echo nvd=$NVIDIA_VISIBLE_DEVICES\n{}",
         runtime_support::PROBE
@@ -1381,6 +1393,18 @@ fn validation_cases(py: &Path, sock: &Path, s: &Path, node: &runtime_support::No
     );
 }
 
+/// Both injectors on NRI socket `socket` (index 10, before gpufence; 95, after it), run while
+/// [`validation_cases`] runs.
+fn with_injectors(socket: &Path, cases: impl FnOnce()) {
+    let early = cri_support::injector::start(socket, "injector", "10");
+    let late = cri_support::injector::start(socket, "late-injector", "95");
+    cases();
+    for (stop, t) in [early, late] {
+        stop.stop();
+        t.join().unwrap();
+    }
+}
+
 /// The last word over NRI on containerd 2.3.4: gpufence validates the merged adjustment of
 /// every plugin; the project's injector (`tests/cri_support/injector.rs`) stands for the others.
 #[test]
@@ -1397,10 +1421,7 @@ fn nri_validation_refuses_what_another_plugin_adds() {
     let nri_sock = cdir.join("nri.sock");
     let plugin = spawn_nri(&node.config, &nri_sock, &s.join("nri.stderr"));
     wait_registered(&node.log, 1);
-    let (stop, t) = cri_support::injector::start(&nri_sock);
-    validation_cases(&py, &c.sock, &s, &node);
-    stop.stop();
-    t.join().unwrap();
+    with_injectors(&nri_sock, || validation_cases(&py, &c.sock, &s, &node));
     drop(plugin);
 }
 
@@ -1418,9 +1439,8 @@ fn nri_validation_on_crio_1_36() {
     crio.start();
     let plugin = spawn_nri(&node.config, &crio.nri_socket(), &s.join("nri.stderr"));
     wait_registered(&node.log, 1);
-    let (stop, t) = cri_support::injector::start(&crio.nri_socket());
-    validation_cases(&py, &crio.sock, &s, &node);
-    stop.stop();
-    t.join().unwrap();
+    with_injectors(&crio.nri_socket(), || {
+        validation_cases(&py, &crio.sock, &s, &node)
+    });
     drop(plugin);
 }

@@ -3,11 +3,13 @@
 //! for each container it adds what its pod's annotations ask, as NVIDIA's NRI plugin (toolkit
 //! v1.20) injects the CDI devices a pod names in `nvidia.cdi.k8s.io/container.<name>`:
 //! * `nvidia.cdi.k8s.io/container.<name>: <CDI device>[,<CDI device>…]` — CDI devices;
-//! * `test.injector/device.<name>: <path>=<major>:<minor>` — a character device node;
-//! * `test.injector/env.<name>: KEY=VALUE[;KEY=VALUE…]` — env (koordlet's
+//! * `test.<plugin>/device.<name>: <path>=<major>:<minor>` — a character device node;
+//! * `test.<plugin>/env.<name>: KEY=VALUE[;KEY=VALUE…]` — env (koordlet's
 //!   `NVIDIA_VISIBLE_DEVICES`, its HAMi-core `LD_PRELOAD`).
 //!
-//! It registers as `injector` with index 10, before gpufence (90).
+//! `<plugin>` is the name it registers with: `injector` (index 10, before gpufence's 90: what
+//! it adds is in the container gpufence decides for) and `late-injector` (95, after gpufence:
+//! only the validation sees it). Only `injector` acts on NVIDIA's annotation.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,19 +22,25 @@ use gpufence::nri::api::{
 use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Stopper, Transport};
 
 pub const CDI_PREFIX: &str = "nvidia.cdi.k8s.io/container.";
-pub const DEVICE_PREFIX: &str = "test.injector/device.";
-pub const ENV_PREFIX: &str = "test.injector/env.";
-/// How NRI names it as the owner of what it adds.
-pub const OWNER: &str = "10-injector";
 
-#[derive(Default)]
+/// The annotation key asking injector `plugin` for a device node for container `ctr`.
+pub fn device_key(plugin: &str, ctr: &str) -> String {
+    format!("test.{plugin}/device.{ctr}")
+}
+
+/// The annotation key asking injector `plugin` for env for container `ctr`.
+pub fn env_key(plugin: &str, ctr: &str) -> String {
+    format!("test.{plugin}/env.{ctr}")
+}
+
 pub struct Injector {
+    name: String,
     syncs: AtomicUsize,
 }
 
 /// `/dev/nvidia0=195:0` → the node.
 fn device(spec: &str) -> Result<LinuxDevice, String> {
-    let bad = || format!("{DEVICE_PREFIX}: {spec:?} is not <path>=<major>:<minor>");
+    let bad = || format!("{spec:?} is not <path>=<major>:<minor>");
     let (path, numbers) = spec.split_once('=').ok_or_else(bad)?;
     let (major, minor) = numbers.split_once(':').ok_or_else(bad)?;
     Ok(LinuxDevice {
@@ -51,9 +59,10 @@ impl Handler for Injector {
         pod: &api::PodSandbox,
         ctr: &api::Container,
     ) -> Result<ContainerAdjustment, String> {
-        let asked = |prefix: &str| pod.annotations.get(&format!("{prefix}{}", ctr.name));
+        let asked = |key: String| pod.annotations.get(&key);
         let mut adj = ContainerAdjustment::default();
-        if let Some(names) = asked(CDI_PREFIX) {
+        let cdi = asked(format!("{CDI_PREFIX}{}", ctr.name)).filter(|_| self.name == "injector");
+        if let Some(names) = cdi {
             adj.cdi_devices = names
                 .split(',')
                 .map(|n| CdiDevice {
@@ -61,13 +70,13 @@ impl Handler for Injector {
                 })
                 .collect();
         }
-        if let Some(spec) = asked(DEVICE_PREFIX) {
+        if let Some(spec) = asked(device_key(&self.name, &ctr.name)) {
             adj.linux = Some(LinuxContainerAdjustment {
                 devices: vec![device(spec)?],
                 ..Default::default()
             });
         }
-        if let Some(env) = asked(ENV_PREFIX) {
+        if let Some(env) = asked(env_key(&self.name, &ctr.name)) {
             for e in env.split(';') {
                 let (key, value) = e.split_once('=').unwrap_or((e, ""));
                 adj.env.push(KeyValue {
@@ -86,14 +95,17 @@ impl Handler for Injector {
     }
 }
 
-/// The injector on NRI socket `socket`, registered (waited for): stop it with the [`Stopper`],
-/// then join the thread.
-pub fn start(socket: &Path) -> (Stopper, std::thread::JoinHandle<()>) {
-    let injector = Arc::new(Injector::default());
+/// Injector `name` with `index` on NRI socket `socket`, registered (waited for): stop it with
+/// the [`Stopper`], then join the thread.
+pub fn start(socket: &Path, name: &str, index: &str) -> (Stopper, std::thread::JoinHandle<()>) {
+    let injector = Arc::new(Injector {
+        name: name.to_string(),
+        syncs: AtomicUsize::new(0),
+    });
     let cfg = PluginConfig {
         transport: Transport::Socket(socket.to_path_buf()),
-        name: "injector".into(),
-        index: "10".into(),
+        name: name.into(),
+        index: index.into(),
     };
     let plugin = Plugin::new(cfg, Arc::clone(&injector) as Arc<dyn Handler>).unwrap();
     let stop = plugin.stopper();
