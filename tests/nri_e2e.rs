@@ -1063,13 +1063,15 @@ fn signal(p: &NriProcess, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), sig).unwrap();
 }
 
-/// The windows NRI leaves (docs/nri.md), closed after the fact: a GPU container created while
-/// the plugin was stopped past NRI's request timeout (NRI drops it and creates the container
-/// unadjusted, the validator passing) is stopped by the plugin at its next Synchronize — when it
-/// runs again, when it is killed and started again, and when it reconnects to a restarted
-/// containerd. Each bound (from the event — the plugin let run, started again, containerd
-/// started again — to the container's end as CRI reports it) is printed and held under 5 s;
-/// each is counted (`unfenced`) and logged in one line.
+/// The windows NRI leaves (docs/nri.md): closed at creation where gpufence validates (a GPU
+/// container created while the plugin is stopped past NRI's request timeout is refused: NRI
+/// asks the dropped plugin to validate, which fails), and after the fact where it does not
+/// (`--no-validation`, as on a runtime without validation): NRI drops the plugin and creates
+/// the container unadjusted, the default validator passing, and the plugin stops it at its next
+/// Synchronize — when it runs again, when it is killed and started again, and when it
+/// reconnects to a restarted containerd. Each bound (from the event — the plugin let run,
+/// started again, containerd started again — to the container's end as CRI reports it) is
+/// printed and held under 5 s; each is counted (`unfenced`) and logged in one line.
 #[test]
 fn nri_fences_after_the_fact_what_was_created_without_it() {
     use nix::sys::signal::Signal;
@@ -1077,6 +1079,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
         return;
     };
     let pods = [
+        "late-validated",
         "late-resumed",
         "late-restarted",
         "late-containerd",
@@ -1087,6 +1090,28 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     let nri_log = s.join("nri.stderr");
     let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
     wait_registered(&node.log, 1);
+
+    // 0. gpufence validating: the creation NRI gives up on is refused, never unfenced.
+    signal(&plugin, Signal::SIGSTOP);
+    let late = probing_gpu_pod(&py, &c.sock, &s, &node, "late-validated");
+    let r = late.join().unwrap();
+    assert_eq!(r["stage"], "create_container", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("validator plugin 90-gpufence failed"),
+        "{r}"
+    );
+    signal(&plugin, Signal::SIGCONT);
+    wait_registered(&node.log, 2);
+    drop(plugin);
+
+    // Without validation, as on a runtime that offers none: the windows, closed after the fact.
+    let no_validation = ["--no-validation"];
+    let spawn = || cri_support::spawn_nri_with(&node.config, &nri_sock, &nri_log, &no_validation);
+    let plugin = spawn();
+    wait_registered(&node.log, 3);
     let mut bounds = Vec::new();
 
     // 1. Stopped past NRI's timeout while the pod is created, then let run again.
@@ -1103,14 +1128,14 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     wait_unfenced(&s, "late-restarted");
     drop(plugin);
     let t0 = now_ns();
-    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    let plugin = spawn();
     bounds.push((
         "killed, restarted",
         fenced_within(&late.join().unwrap(), t0),
     ));
 
     // 3. Stopped past the timeout; containerd restarts; the plugin reconnects to it.
-    wait_registered(&node.log, 3);
+    wait_registered(&node.log, 5);
     signal(&plugin, Signal::SIGSTOP);
     let late = probing_gpu_pod(&py, &c.sock, &s, &node, "late-containerd");
     wait_unfenced(&s, "late-containerd");
@@ -1129,7 +1154,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
 
     // A GPU pod gpufence fenced at creation is left alone by the check at PostStartContainer
     // (nri_enforces_the_plan: and by the Synchronize of a plugin restart while it runs).
-    wait_registered(&node.log, 4);
+    wait_registered(&node.log, 6);
     let r = pod(
         &py,
         &c.sock,
@@ -1251,7 +1276,13 @@ fn nri_on_crio_1_36() {
     wait_registered(&node.log, 2);
     assert_fenced_to_gpu1(&pod(&py, &sock, &s, "back-pod", probe, gpu), 1 << 30);
 
-    // After the fact: stopped past NRI's timeout while a GPU pod is created, then let run.
+    // After the fact: stopped past NRI's timeout while a GPU pod is created, then let run
+    // (without validation, which would refuse that creation: `nri_fences_after_the_fact_…`).
+    drop(plugin);
+    let no_validation = ["--no-validation"];
+    let plugin =
+        cri_support::spawn_nri_with(&node.config, &crio.nri_socket(), &nri_log, &no_validation);
+    wait_registered(&node.log, 3);
     signal(&plugin, Signal::SIGSTOP);
     let late = probing_gpu_pod(&py, &sock, &s, &node, "late-pod");
     wait_unfenced(&s, "late-pod");
@@ -1276,7 +1307,7 @@ fn nri_on_crio_1_36() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     crio.start();
-    wait_registered(&node.log, 4);
+    wait_registered(&node.log, 5);
     assert_eq!(runs(&py, &sock, &s, "prereg-pod", "echo ran"), "ran\n");
     assert!(
         std::fs::read_to_string(&node.log)

@@ -548,11 +548,17 @@ impl Drop for NriProcess {
 }
 
 pub fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
+    spawn_nri_with(config, socket, log, &[])
+}
+
+/// [`spawn_nri`] with more arguments of `gpufence nri` (`--no-validation`).
+pub fn spawn_nri_with(config: &Path, socket: &Path, log: &Path, args: &[&str]) -> NriProcess {
     let child = Command::new(common::bin("gpufence"))
         .arg("--config")
         .arg(config)
         .args(["nri", "--socket"])
         .arg(socket)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()

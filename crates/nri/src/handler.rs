@@ -27,6 +27,7 @@ pub fn from_config(cfg: Config) -> PlanHandler {
         load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
         majors: std::sync::RwLock::new(None),
         decisions: Decisions::default(),
+        validate: true,
     }
 }
 
@@ -85,12 +86,21 @@ pub struct PlanHandler {
     majors: std::sync::RwLock<Option<Vec<u32>>>,
     /// Decisions awaiting the runtime's validation.
     decisions: Decisions,
+    /// Validate the merged adjustment where the runtime offers it (`gpufence nri
+    /// --no-validation`: no).
+    validate: bool,
 }
 
 /// A refusal: how it is counted, and the one line the runtime reports.
 type Refusal = (Reason, String);
 
 impl PlanHandler {
+    /// Whether to validate the merged adjustment of every plugin where the runtime offers it.
+    pub fn validating(mut self, validate: bool) -> PlanHandler {
+        self.validate = validate;
+        self
+    }
+
     /// The decision for one container: the request from NRI's message, the plan, its
     /// adjustment, and (when the plan grants anything) its host files and status record —
     /// written before the answer, so the container never starts without its quota.
@@ -373,7 +383,7 @@ impl Handler for PlanHandler {
     }
 
     fn validates(&self) -> bool {
-        true
+        self.validate
     }
 
     fn validation_offered(&self, offered: bool) {
@@ -519,6 +529,7 @@ mod tests {
             load_inventory,
             majors: std::sync::RwLock::new(None),
             decisions: Decisions::default(),
+            validate: true,
         }
     }
 
