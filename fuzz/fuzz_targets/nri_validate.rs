@@ -74,6 +74,7 @@ fn decided(granted: bool) -> Decided {
             .collect(),
         devices: vec![gpufence::sim::gpu_uuid(1)],
         answer,
+        allocation: None,
     }
 }
 

@@ -138,34 +138,35 @@ impl PlanHandler {
         );
         let plan = &intake.plan;
         crate::plan::log_decision(id, plan);
-        let devices: Vec<String> = plan
-            .allocation
-            .iter()
-            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
-            .collect();
+        let mut decided = Decided {
+            devices: plan
+                .allocation
+                .iter()
+                .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+                .collect(),
+            allocation: plan.allocation.clone(),
+            ..Default::default()
+        };
         let facts = NodeFacts::new(
             &self.cfg,
             self.gpu_majors(false),
             Some(intake.inventory.clone()),
         );
-        let (adjustment, env) =
-            super::adjust::render_decided(&self.cfg, plan, ctr, &|k, planned, present| {
-                let pre = Decided {
-                    devices: devices.clone(),
-                    ..Default::default()
-                };
-                planned == present
-                    || facts.env_agrees(k, present, &pre) == Some(true)
-                    || (k == crate::allocation::container_dialects::NVIDIA_VISIBLE_DEVICES
-                        && super::validate::visibility_agrees(k, present, &pre, &facts)
-                        && !crate::allocation::container_dialects::nvd_requests_nothing(present))
-            })
-            .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
-        let decided = Decided {
-            answer: adjustment.clone(),
-            env,
-            devices,
+        // A variable the container has once as planned is left to whoever set it.
+        let agrees = |k: &str, planned: &str, present: &str| {
+            use crate::allocation::container_dialects::{
+                NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing,
+            };
+            planned == present
+                || facts.env_agrees(k, present, &decided) == Some(true)
+                || (k == NVIDIA_VISIBLE_DEVICES
+                    && !nvd_requests_nothing(present)
+                    && super::validate::visibility_agrees(k, present, &decided, &facts))
         };
+        let (adjustment, env) = super::adjust::render_decided(&self.cfg, plan, ctr, &agrees)
+            .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
+        decided.answer = adjustment.clone();
+        decided.env = env;
         if plan.state_dir.is_some() || !plan.host_files.is_empty() {
             crate::hostfiles::write_host_files(&self.cfg, id, plan).map_err(|e| {
                 let reason = if e.code() == 1 {
@@ -684,6 +685,28 @@ mod tests {
         h.validation_offered(false);
         h.create_container(&p, &ctr(&[], &[])).unwrap();
         assert!(h.decisions.take("c1").is_none());
+    }
+
+    #[test]
+    fn a_dialect_vouches_with_the_allocation_gpufence_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        h.validation_offered(true);
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        h.create_container(&p, &ctr(&[], &[])).unwrap();
+        let decided = h.decisions.take("c1").unwrap();
+        assert_eq!(decided.devices, ["GPU-a"]);
+        let mut facts = NodeFacts::new(&h.cfg, vec![195], one_gpu(&h.cfg).ok());
+        assert_eq!(facts.env_agrees("K", "minor-0", &decided), None);
+        facts.dialects.push(|alloc, inv, key, value| {
+            key == "K"
+                && value == format!("minor-{}", inv.gpus[0].minor)
+                && alloc.devices.len() == 1
+        });
+        assert_eq!(facts.env_agrees("K", "minor-0", &decided), Some(true));
+        assert_eq!(facts.env_agrees("K", "minor-1", &decided), None);
+        let no_gpu = Decided::default();
+        assert_eq!(facts.env_agrees("K", "minor-0", &no_gpu), None);
     }
 
     #[test]

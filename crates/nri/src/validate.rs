@@ -60,6 +60,9 @@ pub struct Decided {
     pub env: BTreeMap<String, String>,
     /// The devices the plan grants (`GPU-…`, `MIG-…`), in container order.
     pub devices: Vec<String>,
+    /// The plan's allocation (`None`: no GPU), for the dialects that vouch for other plugins'
+    /// variables ([`Node::env_agrees`]).
+    pub allocation: Option<crate::allocation::Allocation>,
 }
 
 /// What the validator needs of the node.
@@ -858,6 +861,7 @@ pub(crate) mod tests {
             .collect(),
             devices: vec!["GPU-1".into()],
             answer,
+            allocation: None,
         }
     }
 
