@@ -147,11 +147,7 @@ impl PlanHandler {
             allocation: plan.allocation.clone(),
             ..Default::default()
         };
-        let facts = NodeFacts::new(
-            &self.cfg,
-            self.gpu_majors(false),
-            Some(intake.inventory.clone()),
-        );
+        let facts = self.node_facts(Some(intake.inventory.clone()));
         // A variable the container has once as planned is left to whoever set it.
         let agrees = |k: &str, planned: &str, present: &str| {
             use crate::allocation::container_dialects::{
@@ -210,7 +206,7 @@ impl PlanHandler {
         );
         let decided = self.decisions.take(id);
         let inventory = (self.load_inventory)(&self.cfg).ok();
-        let facts = NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory);
+        let facts = self.node_facts(inventory);
         let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
         let validation_us = t.elapsed().as_micros() as u64;
         match verdict {
@@ -231,6 +227,12 @@ impl PlanHandler {
 }
 
 impl PlanHandler {
+    /// The node's facts for a decision or a validation, with the scheduler dialects that vouch
+    /// for other plugins' variables.
+    fn node_facts(&self, inventory: Option<crate::inventory::Inventory>) -> NodeFacts {
+        NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory)
+    }
+
     /// The GPU-class majors: 195 and every `nvidia*` of `/proc/devices`, with the inventory's
     /// nodes' (cached; `refresh` reads them again).
     fn gpu_majors(&self, refresh: bool) -> Vec<u32> {
