@@ -60,6 +60,8 @@ struct TestHandler {
     creates: AtomicUsize,
     syncs: AtomicUsize,
     gone: Mutex<Vec<(String, Gone)>>,
+    /// Subscribes to ValidateContainerAdjustment (and accepts every adjustment).
+    validating: bool,
 }
 
 impl Handler for TestHandler {
@@ -102,6 +104,9 @@ impl Handler for TestHandler {
     }
     fn synchronize(&self, _pods: &[api::PodSandbox], _containers: &[api::Container]) {
         self.syncs.fetch_add(1, Ordering::SeqCst);
+    }
+    fn validates(&self) -> bool {
+        self.validating
     }
 }
 
@@ -148,6 +153,7 @@ fn with_test_plugin(
         creates: AtomicUsize::new(0),
         syncs: AtomicUsize::new(0),
         gone: Mutex::new(Vec::new()),
+        validating: false,
     });
     (s, cdir, config, c, h)
 }
@@ -273,6 +279,13 @@ fn validated_node(bin: &Path, name: &str) -> (PathBuf, runtime_support::Node, Pa
     (s, node, cdir, config)
 }
 
+/// The CRI client's answer: the container's creation refused with `text` in the error.
+fn create_refused(r: &serde_json::Value, text: &str) {
+    assert_eq!(r["stage"], "create_container", "{r}");
+    let err = r["error"].as_str().unwrap_or_default();
+    assert!(err.contains(text), "{r}");
+}
+
 /// The CRI client's answer says NRI's default validator refused the container for want of
 /// `gpufence`.
 fn validator_refused(r: &serde_json::Value) {
@@ -388,14 +401,7 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
     // runtime would have dropped the plugin and created the container unadjusted).
     let slow = serde_json::json!({"envs": {"NRI_TEST_SLEEP_MS": "3000"}});
     let r = pod(&py, &c.sock, &s, "slow", PROBE, slow);
-    assert_eq!(r["stage"], "create_container", "{r}");
-    assert!(
-        r["error"]
-            .as_str()
-            .unwrap()
-            .contains("no decision within 1.5s"),
-        "{r}"
-    );
+    create_refused(&r, "no decision within 1.5s");
     let r = pod(
         &py,
         &c.sock,
@@ -407,27 +413,10 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
     assert_eq!(r["log"], "env=app\nfrom-the-host\n", "{r}");
 
     // The plugin dies between a pod's sandbox and its container: NRI still lists it.
-    let gate = s.join("gate");
-    let req = serde_json::json!({"wait_before_create": gate});
-    let (py2, sock, s2) = (py.clone(), c.sock.clone(), s.clone());
-    let client = std::thread::spawn(move || {
-        let mut full = serde_json::json!({
-            "socket": sock, "handler": "", "dir": s2, "name": "crash-window",
-            "image": "localhost/pause:test", "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
-        });
-        full["wait_before_create"] = req["wait_before_create"].clone();
-        cri_support::client(&py2, &full)
+    let r = crash_window(&py, &c.sock, &s, "crash-window", || {
+        stop.stop();
+        t.join().unwrap();
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !s.join("gate.ready").exists() {
-        assert!(Instant::now() < deadline, "sandbox not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    stop.stop();
-    t.join().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    std::fs::write(&gate, "").unwrap();
-    let r = client.join().unwrap();
     assert_eq!(
         (r["stage"].as_str(), r["log"].as_str()),
         (Some("done"), Some(unadjusted)),
@@ -442,6 +431,60 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
         PROBE,
         serde_json::json!({}),
     ));
+
+    // A plugin that validates closes the crash window: NRI asks the dead plugin to validate
+    // that very creation, which fails, and the container is refused.
+    let h = Arc::new(TestHandler {
+        mount_src: h.mount_src.clone(),
+        creates: AtomicUsize::new(0),
+        syncs: AtomicUsize::new(0),
+        gone: Mutex::new(Vec::new()),
+        validating: true,
+    });
+    let (stop, t) = start_plugin(&c.sock.with_file_name("nri.sock"), &h);
+    wait_synced(&h, 0, "validating");
+    let r = crash_window(&py, &c.sock, &s, "crash-validated", || {
+        stop.stop();
+        t.join().unwrap();
+    });
+    create_refused(&r, "validator plugin 10-gpufence failed");
+}
+
+/// Pod `name` through the CRI client, whose container is created only after `between` ran with
+/// its sandbox up (the client waits on a gate file): the client's answer.
+fn crash_window(
+    py: &Path,
+    sock: &Path,
+    s: &Path,
+    name: &str,
+    between: impl FnOnce(),
+) -> serde_json::Value {
+    let gate = s.join(format!("{name}.gate"));
+    let (py2, sock, s2, name2) = (
+        py.to_path_buf(),
+        sock.to_path_buf(),
+        s.to_path_buf(),
+        name.to_string(),
+    );
+    let gate2 = gate.clone();
+    let client = std::thread::spawn(move || {
+        let full = serde_json::json!({
+            "socket": sock, "handler": "", "dir": s2, "name": name2,
+            "image": "localhost/pause:test", "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
+            "wait_before_create": gate2,
+        });
+        cri_support::client(&py2, &full)
+    });
+    let ready = s.join(format!("{name}.gate.ready"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "sandbox not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    between();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(&gate, "").unwrap();
+    client.join().unwrap()
 }
 
 /// kubelet's record of one GPU for container `app` of each pod (UID `<pod>-uid`, as
@@ -1095,14 +1138,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     signal(&plugin, Signal::SIGSTOP);
     let late = probing_gpu_pod(&py, &c.sock, &s, &node, "late-validated");
     let r = late.join().unwrap();
-    assert_eq!(r["stage"], "create_container", "{r}");
-    assert!(
-        r["error"]
-            .as_str()
-            .unwrap()
-            .contains("validator plugin 90-gpufence failed"),
-        "{r}"
-    );
+    create_refused(&r, "validator plugin 90-gpufence failed");
     signal(&plugin, Signal::SIGCONT);
     wait_registered(&node.log, 2);
     drop(plugin);
