@@ -1148,6 +1148,11 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     let spawn = || cri_support::spawn_nri_with(&node.config, &nri_sock, &nri_log, &no_validation);
     let plugin = spawn();
     wait_registered(&node.log, 3);
+    let out = std::fs::read_to_string(&nri_log).unwrap();
+    assert!(
+        out.contains("gpufence nri: NRI: validation turned off (--no-validation)"),
+        "{out}"
+    );
     let mut bounds = Vec::new();
 
     // 1. Stopped past NRI's timeout while the pod is created, then let run again.
@@ -1383,11 +1388,15 @@ fn injector_node(name: &str) -> (PathBuf, runtime_support::Node, PathBuf) {
 /// what agrees with the plan passes.
 fn validation_cases(py: &Path, sock: &Path, s: &Path, node: &runtime_support::Node) {
     use cri_support::injector::{CDI_PREFIX, device_key, env_key};
-    let log = std::fs::read_to_string(&node.log).unwrap();
-    assert!(
-        log.contains("NRI: validating the merged adjustment of every plugin"),
-        "{log}"
-    );
+    // Said in the log and in `gpufence nri`'s own output.
+    for out in [node.log.clone(), s.join("nri.stderr")] {
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            text.contains("NRI: validating the merged adjustment of every plugin"),
+            "{}: {text}",
+            out.display()
+        );
+    }
     let create_error = |name: &str, annotations: serde_json::Value| {
         let req = serde_json::json!({"pod_annotations": annotations});
         let r = pod(py, sock, s, name, "echo ran", req);

@@ -43,10 +43,10 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
         transport(args.socket, std::env::var(ENV_SOCKET).ok()).map_err(Exit::invalid)?;
     tracing::info!(name = %args.name, index = %args.index, ?transport, "NRI: gpufence nri starting");
     if args.no_validation {
-        tracing::warn!(
-            "NRI: validation turned off (--no-validation): what other plugins add is not checked \
-             at creation; the after-the-fact fence stays"
-        );
+        let line = "NRI: validation turned off (--no-validation): what other plugins add is not \
+                    checked at creation; the after-the-fact fence stays";
+        tracing::warn!("{line}");
+        eprintln!("gpufence nri: {line}");
     }
     let handler = Arc::new(crate::nri::handler::from_config(cfg).validating(!args.no_validation));
     let plugin = Plugin::new(

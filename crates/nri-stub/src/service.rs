@@ -46,6 +46,15 @@ pub fn validate_bit() -> i32 {
     1 << (api::Event::ValidateContainerAdjustment as i32 - 1)
 }
 
+/// What a validating plugin says when the runtime offers validation.
+pub const VALIDATION_ON: &str = "NRI: validating the merged adjustment of every plugin \
+    (ValidateContainerAdjustment): a container another plugin hands a GPU gpufence did not plan \
+    is refused at creation";
+/// What it says when the runtime does not.
+pub const VALIDATION_OFF: &str = "NRI: this runtime offers no adjustment validation (NRI < \
+    v0.10: containerd < 2.2, CRI-O < 1.34): what other plugins add is not checked at creation; \
+    the after-the-fact fence stays";
+
 /// `vX.Y.Z`, `X.Y.Z`, `X.Y.Z-rc.1`, `X.Y` → (X, Y, Z); `None` for anything else.
 fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
     let v = v.trim();
@@ -245,8 +254,7 @@ impl Service {
             tracing::info!(
                 runtime = %req.runtime_name,
                 version = %req.runtime_version,
-                "NRI: validating the merged adjustment of every plugin (ValidateContainerAdjustment): \
-                 a container another plugin hands a GPU gpufence did not plan is refused at creation"
+                "{VALIDATION_ON}"
             );
             event_mask() | validate_bit()
         } else {
@@ -254,9 +262,7 @@ impl Service {
                 runtime = %req.runtime_name,
                 version = %req.runtime_version,
                 nri = %req.nri_version,
-                "NRI: this runtime offers no adjustment validation (NRI < v0.10: containerd < 2.2, \
-                 CRI-O < 1.34): what other plugins add is not checked at creation; the \
-                 after-the-fact fence stays"
+                "{VALIDATION_OFF}"
             );
             event_mask()
         }

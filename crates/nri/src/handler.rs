@@ -393,6 +393,16 @@ impl Handler for PlanHandler {
         self.decisions
             .validating
             .store(offered, std::sync::atomic::Ordering::SeqCst);
+        // Also in `gpufence nri`'s own output, not only its log file.
+        use gpufence_nri_stub::service::{VALIDATION_OFF, VALIDATION_ON};
+        eprintln!(
+            "gpufence nri: {}",
+            if offered {
+                VALIDATION_ON
+            } else {
+                VALIDATION_OFF
+            }
+        );
     }
 
     fn validate_adjustment(
