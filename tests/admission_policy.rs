@@ -580,7 +580,7 @@ fn the_nri_tolerate_annotation_is_reserved_to_gpufences_namespace() {
 #[test]
 fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation() {
     // Literal `&str` constants in src/allocation that are not pod annotation keys, and why.
-    const NOT_POD_ANNOTATIONS: [(&str, &str); 17] = [
+    const NOT_POD_ANNOTATIONS: [(&str, &str); 21] = [
         ("NVIDIA_VISIBLE_DEVICES", "env (allocation.trust-env)"),
         ("NVIDIA_DRIVER_CAPABILITIES", "env"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "HAMi env"),
@@ -607,6 +607,13 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
             "HAMi env in a DRA driver's CDI spec",
         ),
         ("linux.devices", "a spec field, named in errors"),
+        (
+            "koordinator.sh/gpu-core",
+            "a resource name inside Koordinator's annotation",
+        ),
+        ("koordinator.sh/gpu-memory", "a resource name"),
+        ("koordinator.sh/gpu-memory-ratio", "a resource name"),
+        ("gpu", "a device type inside Koordinator's annotation"),
     ];
     let p = policy();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src/allocation");
@@ -618,6 +625,7 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
         hami::ALLOCATED,
         kai::PREFIX,
         gpushare::IDX,
+        gpufence::allocation::koordinator::ALLOCATED,
     ] {
         assert!(
             literals.iter().any(|(_, l)| l == anchor),

@@ -5,7 +5,7 @@
 mod alloc_support;
 
 use alloc_support::*;
-use gpufence::allocation::{AllocationError, DeviceRef, Origin};
+use gpufence::allocation::{AllocationError, Origin};
 use gpufence::config::{Config, TrustAnnotations};
 use gpufence::kubelet::{self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID};
 use gpufence::plan::Plan;
@@ -37,18 +37,7 @@ fn run(
 }
 
 fn devices(p: &Plan) -> Vec<(u32, Option<u64>, Option<u8>)> {
-    p.allocation
-        .as_ref()
-        .map(|a| {
-            a.devices
-                .iter()
-                .map(|d| match d.device {
-                    DeviceRef::Gpu { index } => (index, d.memory_limit, d.cores),
-                    DeviceRef::Mig { .. } => panic!("MIG"),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    gpu_limits(p)
 }
 
 fn hami_value(groups: &[&[(u32, u32, u32)]]) -> String {

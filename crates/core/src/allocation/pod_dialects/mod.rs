@@ -16,6 +16,7 @@ use crate::kubelet::{ContainerRecord, PodIdentity};
 pub mod gpushare_pod;
 pub mod hami_pod;
 pub mod kai_pod;
+pub mod koordinator_pod;
 mod number;
 
 /// The parts of the enabled scheduler annotation dialects. `record` is kubelet's record of this
