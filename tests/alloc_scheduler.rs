@@ -54,6 +54,11 @@ fn hami_value(groups: &[&[(u32, u32, u32)]]) -> String {
 
 /// kubelet's record of HAMi's plugin giving `ctr` one GPU with `mib` and `cores`.
 fn hami_record(entries: &[(&str, u32, u32, u32)]) -> String {
+    plugin_record("nvidia.com/gpu", entries)
+}
+
+/// kubelet's record of a HAMi-format device plugin (HAMi's, Volcano's) registered as `resource`.
+fn plugin_record(resource: &str, entries: &[(&str, u32, u32, u32)]) -> String {
     kubelet::checkpoint_json(
         entries
             .iter()
@@ -61,7 +66,7 @@ fn hami_record(entries: &[(&str, u32, u32, u32)]) -> String {
                 kubelet::entry(
                     POD,
                     ctr,
-                    "nvidia.com/gpu",
+                    resource,
                     &[&format!("{}-0", uuid(*gpu))],
                     kubelet::encode_alloc_resp(
                         &[
@@ -185,6 +190,61 @@ fn hami_multi_container_pod_needs_kubelet_to_pick_the_group() {
     assert!(p.grants_nothing());
     let p = run(&container("main", &one, &[]), Some(&cp1), &config()).unwrap();
     assert_eq!(devices(&p), vec![(1, Some(3000 * MIB), None)]);
+}
+
+#[test]
+fn volcano_annotation_is_narrowed_as_hamis_is() {
+    const VOLCANO: &str = "volcano.sh/vgpu-ids-new";
+    let v = hami_value(&[&[(1, 3000, 0)], &[(0, 5000, 50)]]);
+    let cp = plugin_record(
+        "volcano.sh/vgpu-number",
+        &[("main", 1, 3000, 0), ("worker", 0, 5000, 50)],
+    );
+    let ann = [(VOLCANO, v.as_str())];
+    let p = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert_eq!(devices(&p), vec![(1, Some(3000 * MIB), None)]);
+    let a = p.allocation.as_ref().unwrap();
+    assert!(
+        a.dialects.contains(&gpufence::config::Dialect::Volcano),
+        "{a:?}"
+    );
+    let p = run(&container("worker", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert_eq!(devices(&p), vec![(0, Some(5000 * MIB), Some(50))]);
+    // A container kubelet recorded nothing for gets nothing; without the record, refused.
+    let p = run(&container("sidecar", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert!(p.grants_nothing());
+    let e = run(&container("main", &ann, &[]), None, &config()).unwrap_err();
+    assert_eq!(e.key, VOLCANO, "{e}");
+    // Its memory disagrees with what kubelet recorded for the device plugin's env: refused,
+    // naming both.
+    let more = hami_value(&[&[(1, 4000, 0)], &[(0, 5000, 50)]]);
+    let e = run(
+        &container("main", &[(VOLCANO, &more)], &[]),
+        Some(&cp),
+        &config(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(VOLCANO), "{e}");
+    // Not among what kubelet recorded (another GPU): refused under "kubelet".
+    let forged = hami_value(&[&[(2, 3000, 0)]]);
+    let single = plugin_record("volcano.sh/vgpu-number", &[("main", 1, 3000, 0)]);
+    assert!(
+        run(
+            &container("main", &[(VOLCANO, &forged)], &[]),
+            Some(&single),
+            &config()
+        )
+        .is_err()
+    );
+    // The Volcano and HAMi annotations on one pod must agree.
+    let both = [
+        (VOLCANO, v.as_str()),
+        ("hami.io/vgpu-devices-allocated", more.as_str()),
+    ];
+    let mut c = believing(TrustAnnotations::Believed);
+    c.allocation.trust_env = gpufence::config::TrustEnv::All(false);
+    assert!(run(&container("main", &both, &[]), Some(&cp), &c).is_err());
 }
 
 #[test]
@@ -344,6 +404,8 @@ fn configure_passes_the_scheduler_annotations() {
         "hami.io/vgpu-devices-allocated",
         "ALIYUN_COM_GPU_MEM_*",
         "nvidia.com/container.*",
+        "scheduling.koordinator.sh/device-allocated",
+        "volcano.sh/vgpu-ids-new",
     ] {
         assert!(list.contains(&k), "{k}");
     }

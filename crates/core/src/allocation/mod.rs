@@ -52,9 +52,9 @@ pub(crate) use crate::text::short;
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
 /// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions,
-/// Koordinator's device allocation), passed into the OCI spec by containerd's `pod_annotations`
+/// Koordinator's device allocation, Volcano's vGPU ids), passed into the OCI spec by containerd's `pod_annotations`
 /// / `container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 7] = [
+pub const ANNOTATION_ALLOW_LIST: [&str; 8] = [
     "gpufence.dev/*",
     "cdi.k8s.io/*",
     "aliyun.com/gpu-count",
@@ -62,6 +62,7 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 7] = [
     "ALIYUN_COM_GPU_MEM_*",
     "nvidia.com/container.*",
     "scheduling.koordinator.sh/device-allocated",
+    "volcano.sh/vgpu-ids-new",
 ];
 
 /// Default driver capabilities.
@@ -166,10 +167,12 @@ pub fn read_request(
             dropped.join(", ")
         ));
     }
-    let nvd_consumed = parts
-        .iter()
-        .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
-        || ac.honours(Dialect::Nvidia);
+    let nvd_consumed = parts.iter().any(|p| {
+        matches!(
+            p.dialect,
+            Dialect::Hami | Dialect::Volcano | Dialect::Gpushare
+        ) && !p.is_empty()
+    }) || ac.honours(Dialect::Nvidia);
     neutralise(
         inputs,
         config,

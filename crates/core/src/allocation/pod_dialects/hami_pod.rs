@@ -19,6 +19,8 @@ use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
 
 pub const ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+/// Volcano vGPU's allocation, in HAMi's format.
+pub const VOLCANO_ALLOCATED: &str = "volcano.sh/vgpu-ids-new";
 /// Most containers (groups) and devices per container read.
 const MAX_GROUPS: usize = 64;
 const MAX_DEVICES: usize = 16;
@@ -143,17 +145,48 @@ fn select<'a>(
     }
 }
 
+/// HAMi's annotation for this container.
 pub fn read(
     inputs: &Inputs,
     inv: &Inventory,
     identity: Option<&PodIdentity>,
     record: Option<&ContainerRecord>,
 ) -> Result<Part, AllocationError> {
-    let mut part = Part::new(Dialect::Hami);
-    let Some(v) = inputs.annotations.get(ALLOCATED) else {
+    read_key(inputs, inv, identity, record, ALLOCATED, Dialect::Hami)
+}
+
+/// Volcano vGPU's `volcano.sh/vgpu-ids-new` for this container: HAMi's format under Volcano's
+/// prefix (its scheduler writes it, its device plugin — a fork of HAMi's — returns the same env).
+pub fn read_volcano(
+    inputs: &Inputs,
+    inv: &Inventory,
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+) -> Result<Part, AllocationError> {
+    read_key(
+        inputs,
+        inv,
+        identity,
+        record,
+        VOLCANO_ALLOCATED,
+        Dialect::Volcano,
+    )
+}
+
+/// The annotation `key` in HAMi's format, read for this container as `dialect`.
+fn read_key(
+    inputs: &Inputs,
+    inv: &Inventory,
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+    key: &str,
+    dialect: Dialect,
+) -> Result<Part, AllocationError> {
+    let mut part = Part::new(dialect);
+    let Some(v) = inputs.annotations.get(key) else {
         return Ok(part);
     };
-    let err = |why: String| AllocationError::new(ALLOCATED, v, why);
+    let err = |why: String| AllocationError::new(key, v, why);
     let groups = parse(v).map_err(err)?;
     let Some(group) = select(&groups, identity, record).map_err(err)? else {
         return Ok(part);
@@ -162,13 +195,13 @@ pub fn read(
         return Ok(part);
     }
     let toks: Vec<&str> = group.iter().map(|d| d.uuid.as_str()).collect();
-    let devs = resolve_list(ALLOCATED, v, &toks, inv)?;
+    let devs = resolve_list(key, v, &toks, inv)?;
     part.memory = Some(Facet::new(
         group
             .iter()
             .map(|d| (d.memory_mib > 0).then(|| u64::from(d.memory_mib) << 20))
             .collect(),
-        ALLOCATED,
+        key,
         v,
     ));
     part.cores = Some(Facet::new(
@@ -176,10 +209,10 @@ pub fn read(
             .iter()
             .map(|d| u8::try_from(d.cores).ok().filter(|c| (1..100).contains(c)))
             .collect(),
-        ALLOCATED,
+        key,
         v,
     ));
-    part.devices = Some(Facet::new(devs, ALLOCATED, v));
+    part.devices = Some(Facet::new(devs, key, v));
     Ok(part)
 }
 

@@ -1,4 +1,5 @@
-//! Scheduler pod annotations as dialects: HAMi's `hami.io/vgpu-devices-allocated`, the Aliyun
+//! Scheduler pod annotations as dialects: HAMi's `hami.io/vgpu-devices-allocated` (and
+//! Volcano's `volcano.sh/vgpu-ids-new` in the same format), the Aliyun
 //! gpushare extender's `ALIYUN_COM_GPU_MEM_*` and KAI's NvFractions
 //! `nvidia.com/container.<name>.*`. They reach `config.json` through the CRI runtime's pod
 //! annotation allow-list (`gpufence runtime configure` writes it), so they are trusted like
@@ -38,6 +39,14 @@ pub fn read(
     }
     if ac.enabled(Dialect::Gpushare) {
         parts.push(gpushare_pod::read(inputs, inv, config, record)?);
+    }
+    if ac.enabled(Dialect::Volcano) {
+        parts.push(hami_pod::read_volcano(
+            inputs,
+            inv,
+            identity.as_ref(),
+            record,
+        )?);
     }
     if ac.enabled(Dialect::Kai) {
         parts.push(kai_pod::read(inputs, inv, identity.as_ref())?);
