@@ -5,7 +5,7 @@
 mod alloc_support;
 
 use alloc_support::*;
-use gpufence::allocation::{AllocationError, Origin};
+use gpufence::allocation::{AllocationError, DeviceRef, Origin};
 use gpufence::config::{Config, TrustAnnotations};
 use gpufence::kubelet::{self, CONTAINERD_CONTAINER_NAME, CONTAINERD_POD_UID};
 use gpufence::plan::Plan;
@@ -247,6 +247,126 @@ fn volcano_annotation_is_narrowed_as_hamis_is() {
     assert!(run(&container("main", &both, &[]), Some(&cp), &c).is_err());
 }
 
+/// HAMi v2.10's reservation of container 0's device 0 on GPU 2 (MIG enabled), profile
+/// `1g.10gb`, with the runtime identity of MIG device `2:<mig>` (GI `mig + 1`, CI 0) or none.
+fn mig_reservation(runtime: Option<(u32, u32)>) -> String {
+    let rt = runtime.map_or(String::new(), |(mig, gi)| {
+        format!(
+            r#","migUUID":"{}","gpuInstanceID":{gi},"computeInstanceID":0"#,
+            mig_uuid(2, mig)
+        )
+    });
+    format!(
+        r#"[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{}","profile":"1g.10gb","placement":{{"start":{},"size":1}}{rt}}}]"#,
+        uuid(2),
+        runtime.map_or(0, |(m, _)| m)
+    )
+}
+
+#[test]
+fn hami_dynamic_mig_reservation_fences_exactly_its_mig_device() {
+    const MIG: &str = "hami.io/vgpu-mig-allocations";
+    // HAMi's device plugin in MIG mode returns the MIG device's UUID; kubelet records it.
+    let cp = kubelet::checkpoint_json(vec![kubelet::entry(
+        POD,
+        "main",
+        "nvidia.com/gpu",
+        &[&format!("{}-0", uuid(2))],
+        kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", &mig_uuid(2, 1))], &[]),
+    )]);
+    let hami = hami_value(&[&[(2, 10240, 0)]]);
+    let mig_of = |p: &Plan| -> Vec<DeviceRef> {
+        p.allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .iter()
+            .map(|d| d.device)
+            .collect()
+    };
+    for runtime in [Some((1, 2)), None] {
+        let r = mig_reservation(runtime);
+        let ann = [
+            ("hami.io/vgpu-devices-allocated", hami.as_str()),
+            (MIG, r.as_str()),
+        ];
+        let p = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap();
+        assert_eq!(
+            mig_of(&p),
+            [DeviceRef::Mig { gpu: 2, mig: 1 }],
+            "{runtime:?}"
+        );
+        let a = p.allocation.as_ref().unwrap();
+        assert_eq!(
+            (a.devices[0].memory_limit, a.devices[0].cores),
+            (None, None)
+        );
+        // Its caps, not the other MIG device's; its UUID is what CUDA sees.
+        let nodes: Vec<&str> = p
+            .edits
+            .device_nodes
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect();
+        assert!(
+            nodes.contains(&"/dev/nvidia-caps/nvidia-cap110"),
+            "{nodes:?}"
+        );
+        assert!(
+            !nodes.contains(&"/dev/nvidia-caps/nvidia-cap100"),
+            "{nodes:?}"
+        );
+        assert!(
+            p.edits
+                .env
+                .contains(&format!("NVIDIA_VISIBLE_DEVICES={}", mig_uuid(2, 1)))
+        );
+    }
+    // Refused: another MIG device than kubelet recorded, a runtime identity that is not this
+    // node's, a reservation of a device the HAMi annotation does not have, another GPU.
+    let other = mig_reservation(Some((0, 1)));
+    let wrong_gi = mig_reservation(Some((1, 5)));
+    let past = mig_reservation(Some((1, 2))).replace(r#""deviceIndex":0"#, r#""deviceIndex":1"#);
+    let gpu1 = mig_reservation(Some((1, 2))).replace(&uuid(2), &uuid(1));
+    for (r, why) in [
+        (other.as_str(), ""),
+        (wrong_gi.as_str(), "GPU instance"),
+        (past.as_str(), "does not have"),
+        (gpu1.as_str(), "where hami.io/vgpu-devices-allocated names"),
+    ] {
+        let ann = [("hami.io/vgpu-devices-allocated", hami.as_str()), (MIG, r)];
+        let e = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    // Without runtime identity and without kubelet's record naming one: refused, saying so.
+    let none = mig_reservation(None);
+    let ann = [
+        ("hami.io/vgpu-devices-allocated", hami.as_str()),
+        (MIG, none.as_str()),
+    ];
+    let e = run(
+        &container("main", &ann, &[]),
+        None,
+        &believing(TrustAnnotations::Admission),
+    )
+    .unwrap_err();
+    assert_eq!(e.key, MIG, "{e}");
+    assert!(e.why.contains("no runtime identity"), "{e}");
+    // Under "admission" the identity alone names the device.
+    let full = mig_reservation(Some((0, 1)));
+    let ann = [
+        ("hami.io/vgpu-devices-allocated", hami.as_str()),
+        (MIG, full.as_str()),
+    ];
+    let p = run(
+        &container("main", &ann, &[]),
+        None,
+        &believing(TrustAnnotations::Admission),
+    )
+    .unwrap();
+    assert_eq!(mig_of(&p), [DeviceRef::Mig { gpu: 2, mig: 0 }]);
+}
+
 #[test]
 fn gpushare_annotations() {
     let ann = [
@@ -406,6 +526,7 @@ fn configure_passes_the_scheduler_annotations() {
         "nvidia.com/container.*",
         "scheduling.koordinator.sh/device-allocated",
         "volcano.sh/vgpu-ids-new",
+        "hami.io/vgpu-mig-allocations",
     ] {
         assert!(list.contains(&k), "{k}");
     }

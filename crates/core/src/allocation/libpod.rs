@@ -31,6 +31,7 @@ pub fn is_allocation_key(key: &str) -> bool {
         || key == "aliyun.com/gpu-count"
         || key == super::pod_dialects::hami_pod::ALLOCATED
         || key == super::pod_dialects::hami_pod::VOLCANO_ALLOCATED
+        || key == super::pod_dialects::hami_mig::MIG_ALLOCATIONS
         || key == super::pod_dialects::koordinator_pod::ALLOCATED
         || key.starts_with(super::container_dialects::ALIYUN_PREFIX)
         || key.starts_with(super::pod_dialects::kai_pod::PREFIX)

@@ -51,10 +51,10 @@ use input::Inputs;
 pub(crate) use crate::text::short;
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
-/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions,
+/// HAMi's allocation and MIG reservations, gpushare's extender annotations and GPU count, KAI's NvFractions,
 /// Koordinator's device allocation, Volcano's vGPU ids), passed into the OCI spec by containerd's `pod_annotations`
 /// / `container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 8] = [
+pub const ANNOTATION_ALLOW_LIST: [&str; 9] = [
     "gpufence.dev/*",
     "cdi.k8s.io/*",
     "aliyun.com/gpu-count",
@@ -63,6 +63,7 @@ pub const ANNOTATION_ALLOW_LIST: [&str; 8] = [
     "nvidia.com/container.*",
     "scheduling.koordinator.sh/device-allocated",
     "volcano.sh/vgpu-ids-new",
+    "hami.io/vgpu-mig-allocations",
 ];
 
 /// Default driver capabilities.

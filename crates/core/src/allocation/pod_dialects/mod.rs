@@ -15,6 +15,7 @@ use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
 
 pub mod gpushare_pod;
+pub mod hami_mig;
 pub mod hami_pod;
 pub mod kai_pod;
 pub mod koordinator_pod;
