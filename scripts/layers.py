@@ -2,6 +2,9 @@
 """Import direction check inside crates/core (the crate graph holds the layers above it): every
 `crate::X` reference between top-level modules must point down the layers named in
 crates/core/src/lib.rs (ground → formats → inventory → allocation → plan). Prints every upward or same-layer-cyclic arrow and any import cycle; exit 1 if there is one.
+The modules core re-exports from the crates below it (`text` from gpufence-ground; `cdi`,
+`kubelet` from gpufence-records; `ldso` from gpufence-ldso; `quota` from gpufence-format) sit under
+all of core by the crate graph and are not listed here.
 
 Usage: scripts/layers.py [--graph]   (run from the repository root; `make lint` runs it)
 """
@@ -16,10 +19,10 @@ SRC = "crates/core/src"
 # within a layer, the graph must still be acyclic.
 LAYERS = [
     # config, errors and exit codes, text rules, atomic writes, hashing, logging, child processes
-    ("ground", ["config", "exit", "text", "fsutil", "fnv", "logging", "child", "real_runtime"]),
-    # file and wire formats, parsed strictly: CDI, ld.so cache and ELF, kubelet's records,
-    # quantities, the quota file
-    ("formats", ["cdi", "ldso", "kubelet", "quantity", "quota"]),
+    ("ground", ["config", "exit", "fsutil", "fnv", "logging", "child", "real_runtime"]),
+    # formats core still parses itself: quantities (CDI, ld.so cache and ELF, kubelet's records
+    # are the crates below core)
+    ("formats", ["quantity"]),
     # what the node has (NVML, device nodes, driver files), cached
     ("inventory", ["inventory"]),
     # what the scheduler decided, any dialect, backed by kubelet's record

@@ -4,11 +4,13 @@
 //!
 //! Its modules sit in layers, bottom up; every import points down:
 //!
-//! 1. **ground** — [`config`], [`exit`], [`text`], [`fsutil`] (atomic writes), [`fnv`],
-//!    [`logging`], [`child`] (deadlined child processes), [`real_runtime`] (which runc);
-//! 2. **formats**, parsed strictly — [`cdi`], [`ldso`] (ld.so cache, ELF), [`kubelet`]
-//!    (device-manager checkpoint, DRA state), [`quantity`], [`quota`] (the quota file, shared
-//!    with the shim through the `gpufence-format` crate);
+//! 1. **ground** — [`config`], [`exit`], [`text`] (the `gpufence-ground` crate), [`fsutil`]
+//!    (atomic writes), [`fnv`], [`logging`], [`child`] (deadlined child processes),
+//!    [`real_runtime`] (which runc);
+//! 2. **formats**, parsed strictly — [`cdi`] and [`kubelet`] (device-manager checkpoint, DRA
+//!    state: the node's records, the `gpufence-records` crate), [`ldso`] (ld.so cache, ELF: the
+//!    `gpufence-ldso` crate), [`quantity`], [`quota`] (the quota file, shared with the shim
+//!    through the `gpufence-format` crate);
 //! 3. **[`inventory`]** — what the node has (NVML, device nodes, driver files, driver-limit
 //!    support), cached on disk;
 //! 4. **[`allocation`]** — what the scheduler decided, normalised from any dialect and checked
@@ -20,15 +22,15 @@
 
 pub mod allocation;
 pub mod backend;
-pub mod cdi;
+pub use gpufence_records::cdi;
 pub mod child;
 pub mod config;
 pub mod exit;
 pub mod fnv;
 pub mod fsutil;
 pub mod inventory;
-pub mod kubelet;
-pub mod ldso;
+pub use gpufence_ldso as ldso;
+pub use gpufence_records::kubelet;
 pub mod logging;
 pub mod mps;
 pub mod plan;
@@ -37,4 +39,4 @@ pub mod real_runtime;
 pub use gpufence_format::quota;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod text;
+pub use gpufence_ground::text;

@@ -285,7 +285,7 @@ pub struct KubeletConfig {
 }
 
 /// The static and dynamic spec directories, with their priority (the dynamic one wins).
-pub const DEFAULT_CDI_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
+pub use gpufence_records::cdi::parse::DEFAULT_SPEC_DIRS as DEFAULT_CDI_SPEC_DIRS;
 
 /// `[cdi]`: the CDI spec directories the engine resolves CDI devices from (containerd's and
 /// CRI-O's `cdi_spec_dirs`; `gpufence runtime configure` writes the engine's). Later
@@ -323,7 +323,7 @@ pub const DEFAULT_KUBELET_CHECKPOINT: &str =
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 
 /// Where kubelet (default `--root-dir`) writes its DRA state (`kubelet.dra-checkpoint`).
-pub const DEFAULT_KUBELET_DRA_CHECKPOINT: &str = "/var/lib/kubelet/dra_manager_state";
+pub use gpufence_records::kubelet::dra::DEFAULT_PATH as DEFAULT_KUBELET_DRA_CHECKPOINT;
 
 impl Default for KubeletConfig {
     fn default() -> Self {

@@ -1,7 +1,7 @@
 //! Container Device Interface, the format only: the spec types (shared by the generator, the `cdi`
 //! allocation dialect and the plan, whose edits have CDI's `containerEdits` shape), qualified names,
 //! validation, the minimum `cdiVersion`, and loading spec directories. The generator is
-//! [`crate::cdigen`].
+//! `gpufence-cdigen`.
 
 pub mod parse;
 pub mod spec;

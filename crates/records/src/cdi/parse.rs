@@ -19,7 +19,8 @@ use super::spec::{ContainerEdits, LoadedSpec, Spec};
 
 /// The annotation prefix CDI devices are requested with.
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-pub use crate::config::DEFAULT_CDI_SPEC_DIRS as DEFAULT_SPEC_DIRS;
+/// The static and dynamic spec directories, with their priority (the dynamic one wins).
+pub const DEFAULT_SPEC_DIRS: [(&str, u8); 2] = [("/etc/cdi", 0), ("/var/run/cdi", 1)];
 /// Largest spec file read (a CDI spec for a whole node is a few hundred KiB).
 pub const MAX_SPEC_BYTES: u64 = 8 << 20;
 /// Known `cdiVersion`s, oldest first.
@@ -57,7 +58,11 @@ fn truncate(v: &str) -> String {
     if v.len() <= MAX {
         return v;
     }
-    format!("{}…({} bytes)", crate::text::clip(&v, MAX), v.len())
+    format!(
+        "{}…({} bytes)",
+        gpufence_ground::text::clip(&v, MAX),
+        v.len()
+    )
 }
 
 fn syntax(what: &'static str, value: &str, why: impl Into<String>) -> CdiError {

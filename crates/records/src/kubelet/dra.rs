@@ -33,7 +33,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use super::checkpoint::StrictMap;
 
 /// Where kubelet (default `--root-dir`) keeps its DRA state (the `kubelet.dra-checkpoint` key).
-pub const DEFAULT_PATH: &str = crate::config::DEFAULT_KUBELET_DRA_CHECKPOINT;
+pub const DEFAULT_PATH: &str = "/var/lib/kubelet/dra_manager_state";
 /// The `kind` kubelet writes in `Data`.
 pub const KIND: &str = "DRACheckpoint";
 /// The `apiVersion` kubelet writes in `Data` (the only version there is).

@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn minimal_object_is_an_x86_64_libc6_library() {
-        let b = crate::ldso::soname::minimal_shared_object("libcuda.so.1");
+        let b = crate::soname::minimal_shared_object("libcuda.so.1");
         assert_eq!(
             of(&b),
             Some(Dso {
@@ -256,7 +256,7 @@ mod tests {
         #[test]
         fn never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..400), at in 16usize..200) {
             let _ = of(&bytes);
-            let mut b = crate::ldso::soname::minimal_shared_object("libg.so.1");
+            let mut b = crate::soname::minimal_shared_object("libg.so.1");
             let n = bytes.len().min(b.len().saturating_sub(at));
             b[at..at + n].copy_from_slice(&bytes[..n]);
             let _ = of(&b);

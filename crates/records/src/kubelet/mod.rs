@@ -81,8 +81,8 @@ impl PodIdentity {
         if !ok(uid) || !ok(name) {
             return Err(format!(
                 "malformed pod UID {:?} or container name {:?}",
-                crate::text::short(uid),
-                crate::text::short(name)
+                gpufence_ground::text::short(uid),
+                gpufence_ground::text::short(name)
             ));
         }
         let pod = match (
@@ -148,7 +148,7 @@ pub struct DraClaimRecord {
     /// The CDI device ids the drivers prepared for it (`vendor/class=name`).
     pub cdi_device_ids: Vec<String>,
     /// Those of devices the claim holds a share of (KEP-5075 `ShareID`): the share itself is
-    /// read from the driver's CDI spec ([`crate::allocation::dra_share`]).
+    /// read from the driver's CDI spec (`gpufence_core::allocation::dra_share`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_cdi_ids: Vec<String>,
 }

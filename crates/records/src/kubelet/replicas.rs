@@ -31,7 +31,7 @@ pub fn split(id: &str) -> Result<Option<(&str, u32)>, String> {
         Ok(n) if canonical && !base.is_empty() && n < MAX_REPLICA => Ok(Some((base, n))),
         _ => Err(format!(
             "device id {:?} is not a replica id (<id>::<k>)",
-            crate::text::short(id)
+            gpufence_ground::text::short(id)
         )),
     }
 }
