@@ -19,16 +19,8 @@ const POD: &str = "0b5e2c1d-7a3f-4e6b-8c9d-1e2f3a4b5c6d";
 /// koordlet's HAMi-core library path (`--hami-core-library-directory-path` default).
 const KOORDLET_LIBVGPU: &str = "/usr/local/vgpu/libvgpu.so";
 
-/// The test inventory with device minors that differ from the NVML indexes (GPU i has minor
-/// 10 + i): Koordinator names GPUs by minor.
 fn inventory_minors() -> Inventory {
-    let mut inv = inventory();
-    for g in &mut inv.gpus {
-        g.minor = 10 + g.index;
-        g.node.minor = g.minor;
-        g.node.path = format!("/dev/nvidia{}", g.minor);
-    }
-    inv
+    inventory_with_minors(10)
 }
 
 fn koord_value(entries: &[(u32, &str)]) -> String {

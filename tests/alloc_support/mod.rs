@@ -145,6 +145,18 @@ pub fn inventory() -> Inventory {
     }
 }
 
+/// The test inventory with device minors that differ from the NVML indexes (GPU i has minor
+/// `offset + i`, its node `/dev/nvidia<minor>`): Koordinator names GPUs by minor.
+pub fn inventory_with_minors(offset: u32) -> Inventory {
+    let mut inv = inventory();
+    for g in &mut inv.gpus {
+        g.minor = offset + g.index;
+        g.node.minor = g.minor;
+        g.node.path = format!("/dev/nvidia{}", g.minor);
+    }
+    inv
+}
+
 pub fn config() -> Config {
     Config {
         state_dir: PathBuf::from("/run/gpufence"),
