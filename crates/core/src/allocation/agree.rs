@@ -21,13 +21,21 @@ pub(super) fn devices(parts: &[Part]) -> Result<Vec<Resolved>, AllocationError> 
                 x.sort();
                 y.sort();
                 if x != y {
+                    let shown = |f: &Facet<Vec<Resolved>>| {
+                        let v: Vec<String> = f
+                            .values
+                            .iter()
+                            .map(|r| describe(&r.device, &r.uuid))
+                            .collect();
+                        v.join(", ")
+                    };
                     return Err(disagree(
                         p.dialect,
                         d,
                         bd,
                         &b.key,
                         &b.value,
-                        "devices differ",
+                        &format!("devices differ ({} here, {} there)", shown(d), shown(b)),
                     ));
                 }
             }

@@ -66,12 +66,32 @@ fn sm_limit(v: &str) -> Result<Option<u8>, String> {
 /// GPUs. `NVIDIA_VISIBLE_DEVICES` is koordlet's only when it lists device minors.
 pub fn take(inputs: &mut Inputs, inv: &Inventory) -> Result<Part, AllocationError> {
     let mut part = Part::new(Dialect::Koordinator);
-    let nvd = inputs.env_var(NVIDIA_VISIBLE_DEVICES)?.map(str::to_string);
+    // koordlet's NVIDIA_VISIBLE_DEVICES is the one listing minors (an image's `all` beside it
+    // is not koordlet's, and is neutralised as any untrusted one); two lists of minors that
+    // differ are refused.
+    let mut nvd: Option<(String, Vec<u32>)> = None;
+    for (k, v) in &inputs.env {
+        if k != NVIDIA_VISIBLE_DEVICES {
+            continue;
+        }
+        let Some(m) = minors(v) else { continue };
+        match &nvd {
+            Some((prev, _)) if prev != v => {
+                return Err(AllocationError::new(
+                    k,
+                    v,
+                    format!("set more than once with different values (also {prev:?})"),
+                ));
+            }
+            _ => nvd = Some((v.clone(), m)),
+        }
+    }
     let mem = inputs.env_var(HAMI_MEMORY)?.map(str::to_string);
     let sm = inputs.env_var(HAMI_SM)?.map(str::to_string);
-    let nvd = nvd.and_then(|v| minors(&v).map(|m| (v, m)));
-    inputs.env.retain(|(k, _)| {
-        k != HAMI_MEMORY && k != HAMI_SM && (k != NVIDIA_VISIBLE_DEVICES || nvd.is_none())
+    inputs.env.retain(|(k, v)| {
+        k != HAMI_MEMORY
+            && k != HAMI_SM
+            && (k != NVIDIA_VISIBLE_DEVICES || nvd.is_none() || minors(v).is_none())
     });
     let Some((value, minors)) = nvd else {
         if let Some(v) = mem.as_deref().or(sm.as_deref()) {

@@ -236,7 +236,18 @@ fn read_key(
         key,
         v,
     ));
-    part.devices = Some(Facet::new(devs, key, v));
+    // Devices a MIG reservation named are named by it, in a disagreement too.
+    let (dk, dv) = match &mig {
+        Some(m)
+            if devs
+                .iter()
+                .any(|r| matches!(r.device, crate::allocation::DeviceRef::Mig { .. })) =>
+        {
+            (hami_mig::MIG_ALLOCATIONS, m.value.as_str())
+        }
+        _ => (key, v.as_str()),
+    };
+    part.devices = Some(Facet::new(devs, dk, dv));
     Ok(part)
 }
 
