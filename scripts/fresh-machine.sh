@@ -3,14 +3,56 @@
 #   scripts/fresh-machine.sh DIR 'make demo' 'make demo'     # each command timed, in order
 #   scripts/fresh-machine.sh DIR 'make test'                 # again in the machine DIR holds
 #   scripts/fresh-machine.sh --clean DIR                     # unmount and remove DIR
-# DIR becomes a Debian 12 minbase chroot (mmdebstrap, or debootstrap, from deb.debian.org) with
-# git and make only — a newcomer's machine before anything of ours — holding a clone of this
+# DIR becomes a Debian 12 minbase chroot (mmdebstrap, or debootstrap, from the bookworm mirror
+# this machine's own apt uses — /etc/apt/sources.list, sources.list.d/*.list and deb822 *.sources —
+# or $MIRROR) with git and make only — a newcomer's machine before anything of ours — holding a clone of this
 # repository's HEAD at /root/gpufence; /proc, /sys and /dev are mounted in (slave mounts: nothing
 # unmounted inside reaches the host). The base tarball is kept in $FRESH_TAR for the next run.
 set -euo pipefail
 
 FRESH_TAR=${FRESH_TAR:-/var/tmp/gpufence-fresh-bookworm.tar}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+
+# The first enabled `deb` source of suite bookworm in this machine's apt configuration, in apt's
+# order: sources.list, then sources.list.d/ by name; one-line `.list` entries
+# (`deb [options] URI bookworm ...`) and deb822 `.sources` stanzas (Types/URIs/Suites/Enabled).
+host_mirror() {
+  local etc=${APT_ETC:-/etc/apt} f m
+  for f in "$etc/sources.list" "$etc"/sources.list.d/*; do
+    [ -f "$f" ] || continue
+    case $f in
+      */sources.list | *.list)
+        m=$(awk '$1 == "deb" {
+            i = 2
+            if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+            if ($(i + 1) == "bookworm") { print $i; exit }
+          }' "$f") ;;
+      *.sources)
+        m=$(awk '
+          function flush() {
+            if (!found && types ~ /(^| )deb( |$)/ && suites ~ /(^| )bookworm( |$)/ &&
+                enabled != "no" && split(uris, u, " ") > 0) { print u[1]; found = 1 }
+            types = suites = uris = key = ""; enabled = "yes"
+          }
+          BEGIN { enabled = "yes" }
+          /^#/ { next }
+          /^[ \t]*$/ { flush(); next }
+          /^[ \t]/ { if (key == "uris") uris = uris " " $0; else if (key == "suites") suites = suites " " $0; next }
+          {
+            key = tolower(substr($0, 1, index($0, ":") - 1))
+            val = substr($0, index($0, ":") + 1)
+            gsub(/^[ \t]+|[ \t]+$/, "", val)
+            if (key == "types") types = val
+            else if (key == "uris") uris = val
+            else if (key == "suites") suites = val
+            else if (key == "enabled") enabled = tolower(val)
+          }
+          END { flush() }' "$f") ;;
+      *) m= ;;
+    esac
+    [ -n "$m" ] && { echo "$m"; return 0; }
+  done
+  return 1
+}
 
 unmount() {
   local d=$1 m
@@ -34,6 +76,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
 
 if [ ! -s "$FRESH_TAR" ]; then
+  MIRROR=${MIRROR:-$(host_mirror)} || {
+    echo "no bookworm \`deb\` source in ${APT_ETC:-/etc/apt}/sources.list{,.d}: set MIRROR to a Debian mirror" >&2
+    exit 1
+  }
   if command -v mmdebstrap >/dev/null; then
     mmdebstrap --variant=minbase --include=git,make bookworm "$FRESH_TAR" "$MIRROR"
   else

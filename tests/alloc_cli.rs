@@ -317,7 +317,18 @@ fn plan_explains_a_decision_from_a_kubelet_checkpoint() {
         out.contains("memory 2.9 GiB") || out.contains("3000 MiB") || out.contains("3145728000"),
         "{out}"
     );
-    assert!(out.contains("kubelet: record"), "{out}");
+    // Both files kubelet's record was read from are named: the checkpoint and the DRA state.
+    assert!(
+        out.contains(&format!(
+            "kubelet: record (checkpoint {cp_s}; DRA state {})",
+            gpufence::config::Config::from_toml(&std::fs::read_to_string(&cfg).unwrap(), &cfg)
+                .unwrap()
+                .kubelet
+                .dra_checkpoint
+                .display()
+        )),
+        "{out}"
+    );
     assert!(
         out.contains("env recorded in the kubelet checkpoint: CUDA_DEVICE_MEMORY_LIMIT_0"),
         "{out}"
@@ -330,6 +341,7 @@ fn plan_explains_a_decision_from_a_kubelet_checkpoint() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["kubelet"]["status"], "record");
+    assert!(v["kubelet"]["draState"].is_string(), "{json}");
     assert_eq!(v["kubelet"]["record"]["identity"]["containerName"], "main");
     assert_eq!(v["allocation"]["devices"][0]["memoryLimit"], 3000u64 << 20);
     let sources = v["allocation"]["sources"].as_array().unwrap();

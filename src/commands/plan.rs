@@ -127,8 +127,14 @@ fn origin_name(o: crate::allocation::Origin) -> &'static str {
 fn render_kubelet(s: &mut String, p: &Plan) {
     if let Some(k) = &p.kubelet {
         let _ = write!(s, "kubelet: {}", k.status);
-        if let Some(c) = &k.checkpoint {
-            let _ = write!(s, " ({c})");
+        match (&k.checkpoint, &k.dra_state) {
+            (Some(c), Some(d)) => {
+                let _ = write!(s, " (checkpoint {c}; DRA state {d})");
+            }
+            (Some(c), None) => {
+                let _ = write!(s, " ({c})");
+            }
+            (None, _) => {}
         }
         if let Some(w) = &k.why {
             let _ = write!(s, ": {w}");

@@ -111,9 +111,8 @@ pub fn run(_gpufence_config: Option<&Path>, cmd: Cmd) -> Result<(), Exit> {
 /// The engine's CDI directories against `cdi.spec-dirs`: one plain line when they disagree, or
 /// when the engine's cannot be read.
 pub fn cdi_dirs_line(cfg: &crate::config::Config, t: &Target) -> Option<String> {
-    use crate::engines::cdi_dirs;
-    match cdi_dirs::of_engine(&t.root, t.engine, &t.config) {
-        Ok(Some(dirs)) => cdi_dirs::disagreement(cfg, t.engine, &dirs),
+    match t.engine.config().cdi_dirs(&t.root, &t.config) {
+        Ok(Some(dirs)) => crate::engines::cdi_dirs::disagreement(cfg, t.engine, &dirs),
         Ok(None) => None,
         Err(e) => Some(format!(
             "CDI directories: {}'s cdi_spec_dirs cannot be read ({e}); gpufence resolves CDI \

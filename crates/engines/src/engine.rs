@@ -1,14 +1,16 @@
-//! What [`crate::configure`], [`crate::nri_config`] and [`crate::unconfigure`] share: which
-//! engine, which applier, one file to write and why it can't be, and the helpers that read an
-//! engine's files (containerd's main file parsed, its `imports` entry, the drop-in's place).
+//! What the engine types ([`crate::kinds`]) and the flows above them ([`crate::configure`],
+//! [`crate::unconfigure`], [`crate::install`]) share: which engine, which applier, one file to
+//! write and why it can't be, and reading and placing files under the host's root.
 
 use std::path::{Path, PathBuf};
 
-use toml_edit::{Array, DocumentMut, value};
+use toml_edit::Array;
 
 /// First line of every file gpufence writes itself (its drop-ins).
 pub const OWN_FILE_MARK: &str = "# Written by `gpufence runtime configure";
 
+/// Which engine (a CLI value, a record's key); [`Engine::config`] is the type that answers for
+/// it.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
@@ -17,31 +19,6 @@ pub enum Engine {
     Containerd,
     Crio,
     Docker,
-}
-
-impl Engine {
-    /// The engine's name, as messages say it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Containerd => "containerd",
-            Engine::Crio => "CRI-O",
-            Engine::Docker => "docker",
-        }
-    }
-    pub fn default_config(self) -> &'static str {
-        match self {
-            Engine::Containerd => "/etc/containerd/config.toml",
-            Engine::Crio => "/etc/crio/crio.conf",
-            Engine::Docker => "/etc/docker/daemon.json",
-        }
-    }
-    pub fn restart_hint(self) -> &'static str {
-        match self {
-            Engine::Containerd => "restart containerd to load the gpufence runtime handler",
-            Engine::Crio => "restart CRI-O (or send it SIGHUP) to load the gpufence runtime",
-            Engine::Docker => "restart dockerd (or `kill -HUP` it) to load the gpufence runtime",
-        }
-    }
 }
 
 /// Which of gpufence's appliers `configure` (and `install`) sets up in the engine.
@@ -118,68 +95,10 @@ pub fn in_root(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// The drop-in file `configure` owns for `engine` (as the host sees it), if the engine has one.
-pub fn drop_in_path(engine: Engine, config: &Path, handler: &str) -> Option<PathBuf> {
-    let dir = config.parent().unwrap_or(Path::new("/"));
-    match engine {
-        Engine::Containerd => Some(dir.join("conf.d").join(format!("{handler}.toml"))),
-        Engine::Crio => Some(dir.join("crio.conf.d").join(format!("99-{handler}.conf"))),
-        Engine::Docker => None,
-    }
-}
-
 pub fn string_array<'a>(items: impl IntoIterator<Item = &'a str>) -> Array {
     let mut a = Array::new();
     for i in items {
         a.push(i);
     }
     a
-}
-
-/// The containerd main file's only change: an `imports` entry for `drop_in_path`, unless an
-/// entry (the file, or a glob of its directory) already covers it.
-pub fn add_import(doc: &mut DocumentMut, drop_in_path: &Path) -> Result<(), String> {
-    let import = drop_in_path.display().to_string();
-    let dir = drop_in_path.parent().map(|d| d.display().to_string());
-    let covered = |s: &str| {
-        s == import
-            || dir
-                .as_deref()
-                .is_some_and(|d| s == format!("{d}/*.toml") || s == format!("{d}/*"))
-    };
-    match doc.get_mut("imports") {
-        None => {
-            doc.insert("imports", value(string_array([import.as_str()])));
-        }
-        Some(item) => {
-            let arr = item
-                .as_array_mut()
-                .ok_or_else(|| "imports is not an array".to_string())?;
-            if !arr.iter().any(|v| v.as_str().is_some_and(covered)) {
-                arr.push(import.as_str());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A containerd main file parsed, with its config `version` (absent: 1).
-pub fn parse_containerd(
-    main: &str,
-    main_path: &Path,
-) -> Result<(DocumentMut, i64), ConfigureError> {
-    let parse_err = |message: String| ConfigureError::Parse {
-        path: main_path.to_path_buf(),
-        message,
-    };
-    let doc: DocumentMut = main
-        .parse()
-        .map_err(|e: toml_edit::TomlError| parse_err(e.message().to_string()))?;
-    let version = match doc.get("version") {
-        None => 1,
-        Some(v) => v
-            .as_integer()
-            .ok_or_else(|| parse_err("version is not an integer".to_string()))?,
-    };
-    Ok((doc, version))
 }

@@ -1,7 +1,8 @@
 //! gpufence-engines: putting gpufence in front of a container engine and taking it away again.
-//! [`configure`] computes the engine's files (containerd's config v2/v3/v4 drop-ins, CRI-O's
-//! `crio.conf.d`, docker's `daemon.json`; a runtime handler, or NRI with [`nri_config`]) keeping
-//! the operator's comments; [`unconfigure`] gives them back byte for byte; [`vulnerable`] and
+//! Each engine is one type behind one trait ([`kinds`]: containerd per config version 2/3/4,
+//! CRI-O, docker), which answers what its files hold (a runtime handler, or NRI with
+//! [`nri_config`]), its CDI directories and what it gives back; [`configure`] asks it for the
+//! engine's files keeping the operator's comments; [`unconfigure`] gives them back byte for byte; [`vulnerable`] and
 //! [`real_runtime`] refuse a real runtime with a known container escape; [`install`] is what the
 //! installer image runs on a node. Nothing here is on a container's create path.
 
@@ -9,6 +10,7 @@ pub mod cdi_dirs;
 pub mod configure;
 pub mod engine;
 pub mod install;
+pub mod kinds;
 pub mod nri_config;
 pub mod real_runtime;
 pub mod unconfigure;

@@ -66,13 +66,11 @@ pub enum UnconfigureError {
 
 /// Where the record of (`engine`, `handler`, host `config`) lives inside `record_dir`.
 pub fn record_path(record_dir: &Path, engine: Engine, config: &Path, handler: &str) -> PathBuf {
-    let engine = match engine {
-        Engine::Containerd => "containerd",
-        Engine::Crio => "crio",
-        Engine::Docker => "docker",
-    };
     let key = crate::fnv::fnv1a64(config.display().to_string().as_bytes());
-    record_dir.join(format!("{engine}-{handler}-{key:016x}.json"))
+    record_dir.join(format!(
+        "{}-{handler}-{key:016x}.json",
+        engine.config().identity().id
+    ))
 }
 
 /// Read a record; `None` when there is none.
@@ -90,8 +88,9 @@ pub fn load_record(path: &Path) -> Result<Option<Record>, UnconfigureError> {
 }
 
 /// `text` without gpufence's part, for the file `path` (as the host sees it) of `engine`.
-/// `None`: the whole file is gpufence's (remove it). Text without gpufence's part comes back
-/// unchanged.
+/// `None`: the whole file is gpufence's (its own drop-in: remove it). Text without gpufence's
+/// part comes back unchanged. The engine's type says what its part is
+/// (`EngineConfig::give_back`).
 pub fn strip(
     engine: Engine,
     config: &Path,
@@ -99,60 +98,11 @@ pub fn strip(
     path: &Path,
     text: &str,
 ) -> Result<Option<String>, ConfigureError> {
-    if Some(path) == configure::drop_in_path(engine, config, handler).as_deref() {
+    let engine = engine.config();
+    if Some(path) == engine.drop_in(config, handler).as_deref() {
         return Ok((!text.starts_with(OWN_FILE_MARK)).then(|| text.to_string()));
     }
-    let parse_err = |message: String| ConfigureError::Parse {
-        path: path.to_path_buf(),
-        message,
-    };
-    match engine {
-        Engine::Containerd => {
-            let Some(drop_in) = configure::drop_in_path(engine, config, handler) else {
-                return Ok(Some(text.to_string()));
-            };
-            let mut doc: toml_edit::DocumentMut = text
-                .parse()
-                .map_err(|e: toml_edit::TomlError| parse_err(e.message().to_string()))?;
-            let import = drop_in.display().to_string();
-            let Some(arr) = doc.get_mut("imports").and_then(|i| i.as_array_mut()) else {
-                return Ok(Some(text.to_string()));
-            };
-            let before = arr.len();
-            arr.retain(|v| v.as_str() != Some(import.as_str()));
-            if arr.len() == before {
-                return Ok(Some(text.to_string()));
-            }
-            if arr.is_empty() {
-                doc.remove("imports");
-            }
-            Ok(Some(doc.to_string()))
-        }
-        Engine::Docker => {
-            let mut v: serde_json::Value = match serde_json::from_str(text) {
-                Ok(v) => v,
-                Err(e) => return Err(parse_err(e.to_string())),
-            };
-            let Some(runtimes) = v
-                .get_mut("runtimes")
-                .and_then(serde_json::Value::as_object_mut)
-            else {
-                return Ok(Some(text.to_string()));
-            };
-            if runtimes.remove(handler).is_none() {
-                return Ok(Some(text.to_string()));
-            }
-            if runtimes.is_empty()
-                && let Some(o) = v.as_object_mut()
-            {
-                o.remove("runtimes");
-            }
-            configure::docker_render(&v, Some(text))
-                .map(Some)
-                .map_err(|e| parse_err(e.to_string()))
-        }
-        Engine::Crio => Ok(Some(text.to_string())),
-    }
+    engine.give_back(config, handler, path, text).map(Some)
 }
 
 /// The record `configure` keeps for `writes` (from [`configure::plan_writes_at`] with the same
@@ -228,16 +178,12 @@ pub fn plan_unconfigure(
 ) -> Result<Vec<Undo>, ConfigureError> {
     let files: Vec<(PathBuf, Option<&RecordedFile>)> = match record {
         Some(r) => r.files.iter().map(|f| (f.path.clone(), Some(f))).collect(),
-        None => {
-            let mut v: Vec<(PathBuf, Option<&RecordedFile>)> = Vec::new();
-            if let Some(d) = configure::drop_in_path(engine, config, handler) {
-                v.push((d, None));
-            }
-            if engine != Engine::Crio {
-                v.push((config.to_path_buf(), None));
-            }
-            v
-        }
+        None => engine
+            .config()
+            .written_files(config, handler)
+            .into_iter()
+            .map(|f| (f, None))
+            .collect(),
     };
     let mut out = Vec::new();
     for (host, recorded) in files {

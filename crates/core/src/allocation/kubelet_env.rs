@@ -70,6 +70,7 @@ pub fn view(
             v.report = Some(KubeletReport {
                 status: "absent".into(),
                 checkpoint: None,
+                dra_state: None,
                 why: Some(
                     "no kubelet for this container (no CRI pod identity, a podman container, or no \
                      kubelet directory): env is not trusted"
@@ -84,6 +85,7 @@ pub fn view(
             v.report = Some(KubeletReport {
                 status: "unavailable".into(),
                 checkpoint: Some(checkpoint.clone()),
+                dra_state: None,
                 why: Some(why.clone()),
                 record: None,
             });
@@ -139,6 +141,8 @@ pub fn view(
     v.report = Some(KubeletReport {
         status: "record".into(),
         checkpoint: Some(record.checkpoint.clone()),
+        // A record is read with the pod's DRA claims (allocation::record::load).
+        dra_state: Some(config.kubelet.dra_checkpoint.display().to_string()),
         why: None,
         record: Some(record.clone()),
     });

@@ -184,6 +184,10 @@ pub struct KubeletReport {
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// kubelet's DRA state file read with the checkpoint (`kubelet.dra-checkpoint`, or
+    /// `gpufence plan --dra-checkpoint`); set with a `record`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_state: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
     /// The record for this container (pod UID, container name, per resource: device ids, env…).

@@ -323,7 +323,7 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
     }
 
     let cfg = o.here(Path::new(HOST_CONFIG));
-    let engine_cdi = crate::cdi_dirs::of_engine(&o.host_root, o.engine, &o.engine_config);
+    let engine_cdi = o.engine.config().cdi_dirs(&o.host_root, &o.engine_config);
     if let Err(e) = &engine_cdi {
         report.push(format!(
             "CDI directories: {}'s cdi_spec_dirs cannot be read ({e}); gpufence resolves CDI \
@@ -396,19 +396,12 @@ fn install_nri_plugin(
     m: &mut Manifest,
     report: &mut Vec<String>,
 ) -> Result<bool, InstallError> {
-    let dir = if o.engine == Engine::Crio {
-        let own = crate::configure::drop_in_path(
-            o.engine,
-            &o.engine_config,
-            &nri_config::config_name(&o.handler),
-        )
-        .unwrap_or_default();
-        nri_config::crio_layers(&o.here(&o.engine_config), &o.here(&own))
-            .map(|layers| nri_config::crio_plugin_path(&layers))
-            .unwrap_or_else(|_| PathBuf::from(nri_config::DEFAULT_PLUGIN_PATH))
-    } else {
-        let main = std::fs::read_to_string(o.here(&o.engine_config)).unwrap_or_default();
-        nri_config::plugin_path(&main)
+    let Some(dir) = o
+        .engine
+        .config()
+        .nri_plugin_dir(&o.host_root, &o.engine_config, &o.handler)
+    else {
+        return Ok(false);
     };
     ensure_dir(o, &dir, m)?;
     let wrapper = nri_config::wrapper(Path::new(HOST_GPUFENCE), Path::new(HOST_CONFIG));
@@ -496,48 +489,45 @@ fn systemd(o: &Options) -> bool {
     o.here(Path::new("/run/systemd/system")).is_dir()
 }
 
-fn unit(engine: Engine) -> &'static str {
-    match engine {
-        Engine::Containerd => "containerd",
-        Engine::Crio => "crio",
-        Engine::Docker => "docker",
-    }
-}
-
 /// Restart (or reload) the engine the way the host runs it.
 fn restart(o: &Options, host: &mut dyn Host) -> Result<String, InstallError> {
-    let pid_file = o.here(Path::new("/run/docker.pid"));
+    let engine = o.engine.config().identity();
+    let unit = engine.id;
+    let reload = engine.reload_on_hangup;
+    let pid_file = reload.map(|r| o.here(Path::new(r.pid_file)));
     let how = match o.restart {
         Restart::Auto if systemd(o) => Restart::Systemd,
-        Restart::Auto if o.engine == Engine::Docker && pid_file.exists() => Restart::Signal,
+        Restart::Auto if pid_file.as_ref().is_some_and(|p| p.exists()) => Restart::Signal,
         Restart::Auto => Restart::None,
         r => r,
     };
-    let fail = |message: String| InstallError::Restart {
-        unit: unit(o.engine),
-        message,
-    };
+    let fail = |message: String| InstallError::Restart { unit, message };
     if o.dry_run {
-        return Ok(format!("would restart {} ({how:?})", unit(o.engine)));
+        return Ok(format!("would restart {unit} ({how:?})"));
     }
     match how {
         Restart::Systemd => {
-            host.run(&o.host_root, &["systemctl", "restart", unit(o.engine)])
+            host.run(&o.host_root, &["systemctl", "restart", unit])
                 .map_err(fail)?;
-            Ok(format!("restarted {} (systemd)", unit(o.engine)))
+            Ok(format!("restarted {unit} (systemd)"))
         }
-        Restart::Signal if o.engine == Engine::Docker => {
+        Restart::Signal => {
+            let (Some(r), Some(pid_file)) = (reload, pid_file) else {
+                return Err(fail(
+                    "only dockerd reloads its runtimes on SIGHUP; use --restart systemd or restart it yourself".into(),
+                ));
+            };
             let pid: i32 = std::fs::read_to_string(&pid_file)
                 .map_err(|e| fail(format!("{}: {e}", pid_file.display())))?
                 .trim()
                 .parse()
                 .map_err(|_| fail(format!("{}: not a pid", pid_file.display())))?;
             host.hangup(pid).map_err(fail)?;
-            Ok(format!("sent SIGHUP to dockerd (pid {pid}): runtimes reloaded"))
+            Ok(format!(
+                "sent SIGHUP to {} (pid {pid}): runtimes reloaded",
+                r.daemon
+            ))
         }
-        Restart::Signal => Err(fail(
-            "only dockerd reloads its runtimes on SIGHUP; use --restart systemd or restart it yourself".into(),
-        )),
         _ => Ok(format!("not restarted: {}", o.engine.restart_hint())),
     }
 }

@@ -399,7 +399,10 @@ fn install_mode_nri_on_crio_writes_its_drop_in_and_plugin_and_uninstall_reverses
     // The drop-in: NRI on, the validator requiring theirs and gpufence, no escape hatch.
     let drop_in =
         std::fs::read_to_string(host.join("etc/crio/crio.conf.d/99-gpufence-nri.conf")).unwrap();
-    assert_eq!(nri_config::crio_required(&drop_in), ["theirs", "gpufence"]);
+    assert_eq!(
+        crate::kinds::crio::nri_required(&drop_in),
+        ["theirs", "gpufence"]
+    );
     // The operator's files are not touched.
     assert_eq!(
         std::fs::read_to_string(host.join("etc/crio/crio.conf")).unwrap(),
