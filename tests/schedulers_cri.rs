@@ -29,8 +29,11 @@ mod runtime_support;
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use cri_support::{Applier, Containerd, assert_refused};
 use gpufence::kubelet;
+use gpufence::nri::{Gone, Handler, Plugin, PluginConfig, Transport, api};
 use gpufence::sim::{gpu_uuid, mig_uuid};
 
 const KOORDINATOR: &str = "scheduling.koordinator.sh/device-allocated";
@@ -162,15 +165,22 @@ fn annotated(pairs: &[(&str, &str)]) -> serde_json::Value {
 }
 
 /// Ran, with exactly GPU `gpu`'s node openable (every other absent, EPERM when made by hand),
-/// the shim preloaded, `uuid` visible and in the quota with `memory` bytes and `cores` percent.
-fn assert_fenced(r: &serde_json::Value, gpu: u32, uuid: &str, memory: &str, cores: &str) {
+/// the shim preloaded, `uuid` in the quota with `memory` bytes and `cores` percent,
+/// `NVIDIA_VISIBLE_DEVICES` = `nvd`.
+fn assert_fenced(
+    r: &serde_json::Value,
+    gpu: u32,
+    (uuid, nvd): (&str, &str),
+    memory: &str,
+    cores: &str,
+) {
     assert_eq!(r["stage"], "done", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
     let f = runtime_support::facts(r["log"].as_str().unwrap());
     cri_support::assert_only_gpus(&f, r, &[gpu]);
     assert_eq!(f["preload"], "/usr/lib/gpufence/libgpufence.so", "{r}");
     assert_eq!(f["quota_uuid"], uuid, "{r}");
-    assert_eq!(f["env_nvd"], uuid, "{r}");
+    assert_eq!(f["env_nvd"], nvd, "{r}");
     assert_eq!(f["quota_mem"], memory, "{r}");
     assert_eq!(f["quota_cores"], cores, "{r}");
     assert!(!f["env_ld_preload"].contains("libvgpu"), "{r}");
@@ -203,7 +213,8 @@ fn recorded_scenarios(py: &Path, c: &Containerd, w: &World, a: Applier) {
         gpu_uuid(3)
     );
     let r = pod(py, c, w, a, "volcano-pod", annotated(&[(VOLCANO, &v)]));
-    assert_fenced(&r, 1, &gpu_uuid(1), &(3000u64 << 20).to_string(), "30");
+    let g1 = gpu_uuid(1);
+    assert_fenced(&r, 1, (&g1, &g1), &(3000u64 << 20).to_string(), "30");
     let forged = format!("{},NVIDIA,3000,30:;", gpu_uuid(0));
     let r = pod(
         py,
@@ -229,7 +240,7 @@ fn recorded_scenarios(py: &Path, c: &Containerd, w: &World, a: Applier) {
             name,
             annotated(&[(HAMI, &hami), (HAMI_MIG, &res)]),
         );
-        assert_fenced(&r, 2, &mig, "", "");
+        assert_fenced(&r, 2, (&mig, &mig), "", "");
         let f = runtime_support::facts(r["log"].as_str().unwrap());
         // The MIG device's GPU-instance and compute-instance access caps, nothing else.
         assert_eq!(f["caps"].split_whitespace().count(), 2, "{r}");
@@ -287,9 +298,10 @@ fn koordinator_forged(py: &Path, c: &Containerd, w: &World, a: Applier) {
 /// Koordinator's pods under "admission".
 fn koordinator_admitted(py: &Path, c: &Containerd, w: &World, a: Applier) {
     let eight = (8u64 << 30).to_string();
+    let g1 = gpu_uuid(1);
     let v = koord_value();
     let r = pod(py, c, w, a, "koord-pod", annotated(&[(KOORDINATOR, &v)]));
-    assert_fenced(&r, 1, &gpu_uuid(1), &eight, "50");
+    assert_fenced(&r, 1, (&g1, &g1), &eight, "50");
     // With koordlet's env. Through NRI the pod's image sets no NVIDIA_VISIBLE_DEVICES: koordlet's
     // NRI plugin replaces the image's, but here the env arrives through CRI, beside the image's,
     // and NRI cannot replace a repeated variable (gpufence nri refuses it).
@@ -299,7 +311,9 @@ fn koordinator_admitted(py: &Path, c: &Containerd, w: &World, a: Applier) {
         req["image"] = "localhost/pause:test".into();
     }
     let r = pod(py, c, w, a, "koord-hami-core-pod", req);
-    assert_fenced(&r, 1, &gpu_uuid(1), &eight, "50");
+    // The handler rewrites it to the UUIDs; gpufence nri leaves koordlet's agreeing minors.
+    let nvd = if a == Applier::Nri { "1" } else { g1.as_str() };
+    assert_fenced(&r, 1, (&g1, nvd), &eight, "50");
     let mut req = annotated(&[(KOORDINATOR, &v)]);
     req["envs"] = koordlet_env("0");
     req["image"] = "localhost/pause:test".into();
@@ -309,6 +323,72 @@ fn koordinator_admitted(py: &Path, c: &Containerd, w: &World, a: Applier) {
 
 /// The world `name` and a containerd 2.3 configuration private to it (`required`: NRI's
 /// validator's plugins): (engines, python, world, containerd's directory, its config).
+/// A stand-in for koordlet's NRI plugin (index 00, its `GPUEnvInject` hook): for a pod with
+/// Koordinator's annotation it sets `NVIDIA_VISIBLE_DEVICES=<minors>`, and where the pod carries
+/// `test.koordlet/hami-core` (koordlet reads the label `koordinator.sh/gpu-isolation-provider:
+/// HAMi-core`; the CRI client sets no labels) also the unindexed HAMi-core limits and the
+/// `LD_PRELOAD` of libvgpu.so, as `pkg/koordlet/runtimehooks/hooks/gpu/gpu.go` does.
+struct Koordlet;
+
+impl Handler for Koordlet {
+    fn create_container(
+        &self,
+        pod: &api::PodSandbox,
+        _ctr: &api::Container,
+    ) -> Result<api::ContainerAdjustment, String> {
+        let Some(v) = pod.annotations.get(KOORDINATOR) else {
+            return Ok(Default::default());
+        };
+        let gpus = gpufence::allocation::koordinator::parse(v)?;
+        let Some(first) = gpus.first() else {
+            return Ok(Default::default());
+        };
+        let minors: Vec<String> = gpus.iter().map(|g| g.minor.to_string()).collect();
+        let kv = |k: &str, v: String| api::KeyValue {
+            key: k.into(),
+            value: v,
+        };
+        let mut env = vec![kv("NVIDIA_VISIBLE_DEVICES", minors.join(","))];
+        if pod.annotations.contains_key("test.koordlet/hami-core") {
+            env.push(kv(
+                "CUDA_DEVICE_MEMORY_LIMIT",
+                first.memory.unwrap_or_default().to_string(),
+            ));
+            env.push(kv(
+                "CUDA_DEVICE_SM_LIMIT",
+                first.core.unwrap_or_default().to_string(),
+            ));
+            env.push(kv("LD_PRELOAD", "/usr/local/vgpu/libvgpu.so".into()));
+        }
+        Ok(api::ContainerAdjustment {
+            env,
+            ..Default::default()
+        })
+    }
+    fn container_gone(&self, _id: &str, _why: Gone) {}
+}
+
+/// Koordinator's pods through `gpufence nri` beside koordlet's plugin (under "admission").
+fn koordinator_beside_koordlet(py: &Path, c: &Containerd, w: &World) {
+    let v = koord_value();
+    // koordlet's NVIDIA_VISIBLE_DEVICES agrees with the plan: kept as koordlet set it (NRI would
+    // refuse gpufence setting it again), the GPU fenced with its quota.
+    let r = pod(
+        py,
+        c,
+        w,
+        Applier::Nri,
+        "koord-nri-pod",
+        annotated(&[(KOORDINATOR, &v)]),
+    );
+    assert_fenced(&r, 1, (&gpu_uuid(1), "1"), &(8u64 << 30).to_string(), "50");
+    // koordlet's HAMi-core injection: its LD_PRELOAD is another plugin's variable, which
+    // gpufence cannot take back: the container never runs with it.
+    let req = annotated(&[(KOORDINATOR, &v), ("test.koordlet/hami-core", "true")]);
+    let r = pod(py, c, w, Applier::Nri, "koord-nri-hami-core-pod", req);
+    assert_refused(&r, &["LD_PRELOAD"]);
+}
+
 fn setup(name: &str, required: &[&str]) -> Option<(PathBuf, PathBuf, World, PathBuf, PathBuf)> {
     let (bin, py) = cri_support::prerequisites()?;
     let w = world(name);
@@ -363,6 +443,34 @@ fn sharing_schedulers_through_nri() {
     w.trust("admission");
     let plugin = nri(2);
     koordinator_admitted(&py, &c, &w, Applier::Nri);
+    let koordlet = Plugin::new(
+        PluginConfig {
+            transport: Transport::Socket(cdir.join("nri.sock")),
+            name: "koordlet".into(),
+            index: "00".into(),
+        },
+        Arc::new(Koordlet),
+    )
+    .unwrap();
+    let stop = koordlet.stopper();
+    let t = std::thread::spawn(move || koordlet.run().unwrap());
+    // Wait until containerd says it is connected and synchronized.
+    let log = cdir.join("containerd.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("00-koordlet") && l.contains("connected and synchronized"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "koordlet's plugin did not register"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    koordinator_beside_koordlet(&py, &c, &w);
+    stop.stop();
+    t.join().unwrap();
     drop(plugin);
     assert!(cri_support::state_dirs(&w.node.state_dir).is_empty());
 }

@@ -75,13 +75,17 @@ fn disagree<T>(
     base_value: &str,
     what: &str,
 ) -> AllocationError {
+    // Two parts of one dialect (Koordinator's annotation and koordlet's env) name the other
+    // input rather than the dialect twice.
+    let other = if d == base {
+        format!("{base_key}={:?} (both {d})", short(base_value))
+    } else {
+        format!("the {base} dialect ({base_key}={:?})", short(base_value))
+    };
     AllocationError::new(
         &f.key,
         &f.value,
-        format!(
-            "the {d} dialect disagrees with the {base} dialect ({base_key}={:?}): {what}",
-            short(base_value)
-        ),
+        format!("the {d} dialect disagrees with {other}: {what}"),
     )
 }
 
