@@ -51,9 +51,9 @@ use input::Inputs;
 pub(crate) use crate::text::short;
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
-/// HAMi's allocation and MIG reservations, gpushare's extender annotations and GPU count, KAI's NvFractions,
-/// Koordinator's device allocation, Volcano's vGPU ids), passed into the OCI spec by containerd's `pod_annotations`
-/// / `container_annotations` allow-lists.
+/// HAMi's allocation and MIG reservations, gpushare's extender annotations and GPU count, KAI's
+/// NvFractions, Koordinator's device allocation, Volcano's vGPU ids), passed into the OCI spec by
+/// containerd's `pod_annotations` / `container_annotations` allow-lists.
 pub const ANNOTATION_ALLOW_LIST: [&str; 9] = [
     "gpufence.dev/*",
     "cdi.k8s.io/*",

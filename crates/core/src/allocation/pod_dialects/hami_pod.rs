@@ -157,7 +157,7 @@ pub fn read(
 }
 
 /// Volcano vGPU's `volcano.sh/vgpu-ids-new` for this container: HAMi's format under Volcano's
-/// prefix (its scheduler writes it, its device plugin — a fork of HAMi's — returns the same env).
+/// prefix (its scheduler writes it; its device plugin, a fork of HAMi's, returns the same env).
 pub fn read_volcano(
     inputs: &Inputs,
     inv: &Inventory,

@@ -265,9 +265,9 @@ pub fn parts(
 /// the admission policy.
 pub fn needs_admission() -> String {
     format!(
-        "Koordinator's GPUs have no device plugin, so kubelet records none of them: Koordinator \
-         needs allocation.trust-annotations = {} with admission-policy.yaml applied (koord-scheduler's \
-         account listed)",
+        "Koordinator's GPUs have no device plugin, so kubelet records none of them: \
+         Koordinator needs allocation.trust-annotations = {} with admission-policy.yaml \
+         applied (koord-scheduler's account listed)",
         crate::config::TrustAnnotations::Admission.as_toml()
     )
 }
