@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cel::{Context, Env, Program, Value};
 use gpufence::allocation::container_dialects;
 use gpufence::allocation::pod_dialects::{
-    gpushare_pod as gpushare, hami_pod as hami, kai_pod as kai,
+    gpushare_pod as gpushare, hami_mig, hami_pod as hami, kai_pod as kai,
 };
 use proptest::prelude::*;
 use serde::Deserialize;
@@ -307,6 +307,9 @@ fn dialect_keys() -> Vec<String> {
         gpufence::cdi::parse::ANNOTATION_PREFIX
     ));
     keys.push(hami::ALLOCATED.to_string());
+    keys.push(hami::VOLCANO_ALLOCATED.to_string());
+    keys.push(hami_mig::MIG_ALLOCATIONS.to_string());
+    keys.push(gpufence::allocation::koordinator::ALLOCATED.to_string());
     keys.push(container_dialects::ALIYUN_GPU_COUNT.to_string());
     for k in [
         gpushare::IDX,
@@ -721,6 +724,9 @@ fn annotation_maps() -> impl Strategy<Value = BTreeMap<String, String>> {
         "ALIYUN_COM_GPU_MEM_IDX",
         "aliyun.com/gpu-count",
         "nvidia.com/container.main.gpus.devices",
+        "scheduling.koordinator.sh/device-allocated",
+        "volcano.sh/vgpu-ids-new",
+        "hami.io/vgpu-mig-allocations",
         "team",
         "nvidia.com/gpu",
         "hami.io/vgpu-node",
