@@ -22,7 +22,7 @@ DEMO_PROFILE ?= dev
 PY_VENV := $(CURDIR)/target/venv
 export PY_VENV
 
-.PHONY: engines all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
+.PHONY: test-frameworks engines all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
         demo test fuzz lint fmt bench clean-demo image package
 
 all: build
@@ -105,6 +105,15 @@ test: test-deps engines
 	@echo ">> end-to-end tests on $$($(ENGINES_DIR)/runc --version | head -1), $$($(ENGINES_DIR)/containerd --version | cut -d' ' -f3) ($(ENGINES_DIR))"
 	set -o pipefail; PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
+
+# NVIDIA's CUDA runtime with unmodified PyTorch and CuPy wheels over the simulated node, held to
+# their slice inside a gpufence-runtime container (docs/frameworks.md). Not part of `make test`:
+# the first run downloads the wheels (about 5.5 GiB) into /var/cache/gpufence/frameworks
+# (scripts/frameworks.sh); later runs download nothing.
+test-frameworks: test-deps engines
+	$(CARGO) build --workspace
+	bash scripts/frameworks.sh
+	PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --test frameworks_container -- --ignored --nocapture
 
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every
 # target in fuzz/ for FUZZ_SECONDS (default 60) on the stable toolchain (RUSTC_BOOTSTRAP=1).

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cri_support::gpu1::{gpu1_node, gpu1_request, kubelet_gpu1_node};
 use cri_support::{
     Containerd, NriProcess, containerd_config, prerequisites, request as pod, spawn_nri,
     start_containerd23, state_dirs, wait_registered,
@@ -446,58 +447,6 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
 
 /// kubelet's record of one GPU for container `app` of each pod (UID `<pod>-uid`, as
 /// tests/cri/cri_client.py creates pods): what NVIDIA's device plugin returned from Allocate.
-fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
-    use gpufence::kubelet;
-    let gpu1 = gpufence::sim::gpu_uuid(1);
-    let entries = pods
-        .iter()
-        .map(|p| {
-            kubelet::entry(
-                &format!("{p}-uid"),
-                "app",
-                "nvidia.com/gpu",
-                &[gpu1.as_str()],
-                kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", gpu1.as_str())], &[]),
-            )
-        })
-        .collect();
-    std::fs::write(checkpoint, kubelet::checkpoint_json(entries)).unwrap();
-}
-
-/// A scratch dir and a simulated 2-GPU node whose kubelet record grants GPU 1 to container
-/// `app` of `pods`.
-fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
-    let s = common::scratch(name);
-    let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
-    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
-    checkpoint_granting_gpu1(&checkpoint, pods);
-    let node = runtime_support::node(
-        &s,
-        2,
-        &[(
-            "kubelet.checkpoint",
-            toml_edit::value(checkpoint.display().to_string()),
-        )],
-    );
-    (s, node)
-}
-
-/// [`kubelet_gpu1_node`] and a
-/// containerd with NRI's validator requiring `gpufence`, the image imported: (scratch, node,
-/// containerd dir, its config, containerd).
-fn gpu1_node(
-    bin: &Path,
-    name: &str,
-    pods: &[&str],
-) -> (PathBuf, runtime_support::Node, PathBuf, PathBuf, Containerd) {
-    let (s, node) = kubelet_gpu1_node(name, pods);
-    let cdir = s.join("containerd");
-    let config = containerd_config(bin, &cdir, &["gpufence"]);
-    let c = start_containerd23(bin, &cdir, &config);
-    cri_support::import_image(&s, &c);
-    (s, node, cdir, config, c)
-}
-
 /// How many times `gpufence hook update-ldcache` refreshed a container's ld cache (its log line).
 fn ldcache_hook_runs(log: &Path) -> usize {
     std::fs::read_to_string(log)
@@ -505,16 +454,6 @@ fn ldcache_hook_runs(log: &Path) -> usize {
         .lines()
         .filter(|l| l.contains("ld cache updated"))
         .count()
-}
-
-/// A GPU pod as kubelet would create it for `name`: GPU 1 through the annotation and the device
-/// plugin's env, `memory` of quota.
-fn gpu1_request(memory: &str, image: &str) -> serde_json::Value {
-    serde_json::json!({
-        "pod_annotations": {"gpufence.dev/devices": "1", "gpufence.dev/memory": memory},
-        "envs": {"NVIDIA_VISIBLE_DEVICES": gpufence::sim::gpu_uuid(1)},
-        "image": image,
-    })
 }
 
 fn assert_fenced_to_gpu1(r: &serde_json::Value, quota: u64) {

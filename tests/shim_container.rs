@@ -255,16 +255,7 @@ echo done
             .push(json!("CAP_SYS_ADMIN"));
     }
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
-    let root = s.join("runc-root");
-    let runc_log = s.join("runc.log");
-    let id = unique_id("shimenv");
-    let (code, out, err) = runtime(
-        &n,
-        &root,
-        &runc_log,
-        &["run", "--bundle", b.to_str().unwrap(), &id],
-    );
-    let _ = runtime(&n, &root, &runc_log, &["delete", "--force", &id]);
+    let (code, out, err) = runtime_support::run_and_delete(&n, &s, &b, "shimenv");
     let ctx = format!("container output:\n{out}\nstderr:\n{err}");
     assert_eq!(code, 0, "{ctx}");
     assert!(out.lines().any(|l| l == "done"), "{ctx}");

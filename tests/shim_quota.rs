@@ -1,6 +1,7 @@
 //! libgpufence.so on the simulated node, outside containers: quota held exactly through all
 //! three ways of reaching the driver, concurrent processes, reclaim after SIGKILL / exit / fork,
-//! VMM, pools, arrays, reporting, quota sources, device matching.
+//! VMM, pools (and what they keep after a free), CUDA graphs' memory, arrays, reporting, quota
+//! sources, device matching.
 //!
 //! Needs root (fake device nodes) and gcc; `cargo build --workspace` first (the cdylibs).
 
@@ -48,6 +49,7 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
                     | "cuStreamSynchronize"
                     | "cuStreamQuery"
                     | "cuCtxSynchronize"
+                    | "cuGraphCreate"
                     | "cuEventCreate"
                     | "cuEventRecord"
                     | "cuEventQuery"
@@ -314,6 +316,116 @@ fn vmm_async_pool_managed_pitch_and_array_allocations_count() {
             format!("info {} {}", 64 * MIB, 64 * MIB),
             "{mode}: arrays released"
         );
+    }
+}
+
+/// Issue 33: memory a CUDA graph holds (stream-ordered allocations captured into it) counts
+/// from the graph's first launch, not at capture, stays counted while the instantiation lives
+/// (also for the allocation the graph freed itself), and after it is destroyed until the device's
+/// graph memory is trimmed. A launch whose graph does not fit fails before the driver runs it.
+/// The same for a memory node added by hand (`cuGraphAddMemAllocNode`).
+#[test]
+fn graph_memory_counts_from_launch_until_trim() {
+    on_every_path_with_100_mib(
+        "shim-graphmem",
+        "info graphmem 20M info graphmem 40M info alloc 61M graphtrim info alloc \
+         61M info graphnode 30M graphnode 10M info",
+        |mode, out| {
+            let quota = 100 * MIB;
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            let q = quota.to_string();
+            assert_eq!(
+                infos,
+                vec![
+                    format!("info {q} {q}"),
+                    format!("info {} {q}", 60 * MIB),
+                    format!("info {} {q}", 60 * MIB),
+                    format!("info {q} {q}"),
+                    format!("info {} {q}", 39 * MIB),
+                    format!("info {} {q}", 9 * MIB),
+                ],
+                "{mode}: {out}"
+            );
+            for want in [
+                // 2 × 20 MiB held by the first graph; the second (2 × 40 MiB) does not fit
+                format!("graphmem {} ok", 40 * MIB),
+                format!("graphmem {} err 2", 80 * MIB),
+                // while the graph holds 40 MiB, 61 MiB more does not fit; after the trim it does
+                format!("alloc {} err 2", 61 * MIB),
+                "graphtrim ok".to_string(),
+                format!("alloc {} ok", 61 * MIB),
+                // a graph built by hand with a 30 MiB memory node, on top of the 61 MiB
+                format!("graphnode {} ok", 30 * MIB),
+                format!("graphnode {} err 2", 10 * MIB),
+            ] {
+                assert!(out.contains(&want), "{mode}: {want}: {out}");
+            }
+        },
+    );
+}
+
+/// Issue 33: memory freed into a stream-ordered pool stays with the pool (the driver keeps it for
+/// the pool's next allocations), so it stays charged: until a synchronization gives back what
+/// the pool keeps above its release threshold (0 by default), or a trim. PyTorch's
+/// `cudaMallocAsync` backend sets the threshold to the maximum: only `empty_cache` (a trim)
+/// gives the memory back, and meanwhile no other allocation may take it a second time.
+#[test]
+fn memory_a_pool_keeps_stays_charged_until_released() {
+    on_every_path_with_100_mib(
+        "shim-poolkeep",
+        "threshold max asyncfree 60M info alloc 50M ctxsync info async 50M info \
+         free pooltrim info threshold 0 asyncfree 60M info ctxsync info",
+        |mode, out| {
+            let quota = 100 * MIB;
+            let q = quota.to_string();
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            assert_eq!(
+                infos,
+                vec![
+                    // the pool keeps 60 MiB: neither a plain allocation nor a synchronization frees it
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {} {q}", 40 * MIB),
+                    // the pool's own next allocation reuses it
+                    format!("info {} {q}", 40 * MIB),
+                    // freed into the pool again, then trimmed
+                    format!("info {q} {q}"),
+                    // threshold 0: kept until the next synchronization
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {q} {q}"),
+                ],
+                "{mode}: {out}"
+            );
+            assert!(
+                out.contains(&format!("alloc {} err 2", 50 * MIB)),
+                "{mode}: {out}"
+            );
+            assert!(
+                out.contains(&format!("async {} ok", 50 * MIB)),
+                "{mode}: {out}"
+            );
+        },
+    );
+}
+
+/// Run the client with `args` (words; `NNM`: NN MiB) on every path to the driver, each under its own
+/// 100 MiB quota, and `check(mode, output)`.
+fn on_every_path_with_100_mib(name: &str, args: &str, check: impl Fn(&str, &str)) {
+    let Some(node) = Node::new(name, &[1024]) else {
+        return;
+    };
+    let args: Vec<String> = args
+        .split_whitespace()
+        .map(
+            |a| match a.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()) {
+                Some(n) => (n * MIB).to_string(),
+                None => a.to_string(),
+            },
+        )
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for mode in MODES {
+        let st = node.state(mode, Some(&node.quota(&[(0, 0, 100 * MIB)])));
+        check(mode, &node.run(mode, &st, &args));
     }
 }
 

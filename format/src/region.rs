@@ -295,6 +295,14 @@ impl Region {
             .map_or(0, |u| u.load(Ordering::Acquire).max(self.live_sum(d)))
     }
 
+    /// What `used` reports, after reclaiming the charges of processes that are gone: what a
+    /// program is told is free (`cuMemGetInfo`, NVML) must not count an exited process's
+    /// memory until the next allocation happens to reclaim it.
+    pub fn used_by_live(&self, d: usize) -> u64 {
+        self.reclaim_dead();
+        self.used(d)
+    }
+
     /// Sum of the slots' charges on device `d` (slots up to the high-water mark, and at least
     /// up to ours: a zeroed mark hides no more than the other processes' slots).
     #[inline]

@@ -385,7 +385,7 @@ pub fn capture_ended() {
     let _ = CAPTURING.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
 }
 
-fn capturing(stream: usize, ptsz: bool) -> bool {
+pub fn capturing(stream: usize, ptsz: bool) -> bool {
     if CAPTURING.load(Ordering::Acquire) == 0 {
         return false;
     }

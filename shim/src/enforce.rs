@@ -25,6 +25,7 @@ extern "C" fn atfork_child() {
     table::forget();
     state::forget_process();
     cores::forget_process();
+    crate::poolmem::forget_process();
 }
 
 fn register_atfork() {

@@ -82,3 +82,15 @@ pub struct NvmlMemoryV2 {
     pub free: u64,
     pub used: u64,
 }
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: the pool properties (88 bytes, starting as every allocation
+/// property does), the access descriptors, then the size and the address the driver returns.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub head: PropHead,
+    pub pool_props_rest: [u8; 72],
+    pub access: *const std::ffi::c_void,
+    pub access_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}

@@ -26,7 +26,11 @@
 //! - `elfsym`, `real`: finding the real driver (and glibc) functions behind our exports;
 //! - `table`, `state`, `explain`, `cores`: the per-process handle table, the quota and the
 //!   accounting region, the refusal's one line, the compute-share pacing;
+//! - `poolmem`: what stream-ordered memory pools keep after a free (charged until a
+//!   synchronization above the release threshold, a trim or the pool's end);
 //! - `enforce`: holding one driver call to the quota (charge, call, record or roll back);
+//! - `graphmem`: the memory CUDA graphs hold (charged at a graph's first launch, released by a
+//!   trim after its instantiation is destroyed);
 //! - `exports/`: the exports, one file per API (`cuda_memory`, `cuda_launch`, `nvml`);
 //! - `interpose`: which export stands for which driver function, and `cuGetProcAddress`;
 //! - `exports/dl`: `dlsym`/`dlvsym`, handing out the exports by name through `interpose`.
@@ -41,7 +45,9 @@ mod enforce;
 mod explain;
 mod exports;
 mod ffi;
+mod graphmem;
 mod interpose;
+mod poolmem;
 mod real;
 mod state;
 mod table;

@@ -21,6 +21,16 @@ pub enum Kind {
     Array = 3,
     /// memory pool → CUDA ordinal (value is the ordinal, nothing charged)
     Pool = 4,
+    /// capturing stream → graph allocations so far (CUDA ordinal, bytes; nothing charged)
+    CaptureMem = 5,
+    /// graph → its memory nodes (CUDA ordinal, bytes; nothing charged)
+    GraphMem = 6,
+    /// graph instantiation → its graph's memory (CUDA ordinal, bytes; nothing charged)
+    ExecMem = 7,
+    /// launched graph instantiation → what its memory was charged (quota device, bytes)
+    ExecResident = 8,
+    /// stream-ordered allocation → the pool it came from (its free goes back to the pool)
+    AllocPool = 9,
 }
 
 #[repr(C)]
@@ -31,9 +41,17 @@ struct Entry {
 
 static TABLE: AtomicPtr<Entry> = AtomicPtr::new(std::ptr::null_mut());
 
+/// Per quota device: what destroyed graph instantiations were charged and the driver still
+/// holds until a trim (`graphmem`).
+pub static GRAPH_HELD: [AtomicU64; crate::region::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; crate::region::MAX_DEVICES];
+
 /// Forget the table (fork child; async-signal-safe).
 pub fn forget() {
     TABLE.store(std::ptr::null_mut(), Ordering::Relaxed);
+    for h in &GRAPH_HELD {
+        h.store(0, Ordering::Relaxed);
+    }
 }
 
 fn table() -> Option<&'static [Entry]> {

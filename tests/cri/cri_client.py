@@ -7,7 +7,8 @@ REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": 
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
                "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate",
                "cdi_devices": ["vendor/class=name"],
-               "devices": [{"container_path": "/dev/x", "host_path": "/dev/x", "permissions": "rw"}]}
+               "devices": [{"container_path": "/dev/x", "host_path": "/dev/x", "permissions": "rw"}],
+               "mounts": [{"container_path": "/opt/x", "host_path": "/opt/x", "readonly": true}]}
 "started_file": created once StartContainer returned. "finished_at" (answer): when the
 container exited, ns since the epoch.
 cdi_devices and devices: what kubelet passes for a device plugin's CDI devices and DeviceSpecs
@@ -92,6 +93,14 @@ def main():
                 for d in req.get("devices", [])
             ],
             CDI_devices=[pb.CDIDevice(name=n) for n in req.get("cdi_devices", [])],
+            mounts=[
+                pb.Mount(
+                    container_path=m["container_path"],
+                    host_path=m["host_path"],
+                    readonly=m.get("readonly", True),
+                )
+                for m in req.get("mounts", [])
+            ],
         )
         out["stage"] = "create_container"
         cid = rt.CreateContainer(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 pub mod crio;
+pub mod gpu1;
 
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {

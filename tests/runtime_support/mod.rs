@@ -118,6 +118,27 @@ pub fn runtime(node: &Node, root: &Path, runc_log: &Path, args: &[&str]) -> (i32
     )
 }
 
+/// `gpufence-runtime run` the bundle as a fresh container (its runc root and log in `scratch`),
+/// then `delete --force` it; returns run's (exit code, stdout, stderr).
+pub fn run_and_delete(
+    node: &Node,
+    scratch: &Path,
+    bundle: &Path,
+    prefix: &str,
+) -> (i32, String, String) {
+    let root = scratch.join("runc-root");
+    let runc_log = scratch.join("runc.log");
+    let id = unique_id(prefix);
+    let r = runtime(
+        node,
+        &root,
+        &runc_log,
+        &["run", "--bundle", bundle.to_str().unwrap(), &id],
+    );
+    let _ = runtime(node, &root, &runc_log, &["delete", "--force", &id]);
+    r
+}
+
 /// Container ids of `runc --root R list`.
 pub fn runc_list(root: &Path) -> Vec<String> {
     let (_, out, _) = common::run(

@@ -42,8 +42,10 @@ use crate::ldso::soname as elf;
 
 /// Driver version of the simulated node.
 pub const DRIVER_VERSION: &str = "580.65.06";
-/// CUDA driver API version of the simulated node (12.8).
-pub const CUDA_DRIVER_VERSION: i32 = 12080;
+/// CUDA driver API version of the simulated node: what a real driver of `DRIVER_VERSION`'s
+/// branch reports (580 → 13.0; 570 → 12.8, 550 → 12.4). NVIDIA's CUDA 13 runtime refuses a
+/// driver below 13.0.
+pub const CUDA_DRIVER_VERSION: i32 = 13000;
 pub const GPU_NAME: &str = "NVIDIA H100 80GB HBM3";
 pub const GPU_MEMORY_MIB: u64 = 81559;
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -513,6 +515,14 @@ use gpufence_core::{exit, inventory, kubelet, ldso};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_version_is_the_driver_branchs() {
+        assert_eq!(
+            CUDA_DRIVER_VERSION,
+            gpufence_mock_node::cuda_version_of_driver(DRIVER_VERSION)
+        );
+    }
 
     #[test]
     fn mig_selection() {

@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::limits;
@@ -24,6 +24,7 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// One CUDA device as this process sees it.
@@ -35,6 +36,8 @@ pub(crate) struct Device {
     pub(crate) used: AtomicU64,
     /// Lane of the node-wide device timeline (GPU minor, MIG instance).
     pub(crate) lane: usize,
+    /// PCI domain, bus and device numbers (of the parent GPU for a MIG instance).
+    pub(crate) pci: (i32, i32, i32),
 }
 
 pub(crate) struct State {
@@ -42,7 +45,6 @@ pub(crate) struct State {
     pub(crate) devices: Vec<Device>,
     /// (kind, handle) → (device, bytes)
     pub(crate) allocs: Mutex<HashMap<(u8, u64), (usize, u64)>>,
-    pub(crate) next_ptr: AtomicU64,
     pub(crate) next_handle: AtomicU64,
     /// Driver memory limits and MPS client limits (limits.rs).
     pub(crate) limits: limits::Limits,
@@ -92,3 +94,64 @@ macro_rules! table {
     };
 }
 pub(crate) use table;
+
+/// The value of an `Ok`, or return the error code from the enclosing entry point.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return e,
+        }
+    };
+}
+pub(crate) use tri;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Linear,
+    Vmm,
+    Array,
+    Pool,
+}
+
+pub(crate) fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| s.devices.get(d))
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// (domain, bus, device) of a PCI bus id `dddddddd:bb:dd.f`; zeros where it does not parse.
+pub fn pci_numbers(bus_id: &str) -> (i32, i32, i32) {
+    let mut parts = bus_id.split([':', '.']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| i32::from_str_radix(p, 16).ok())
+            .unwrap_or(0)
+    };
+    (next(), next(), next())
+}
+
+/// Take `bytes` of device `dev`'s memory (and of the driver and MPS limits, `limits.rs`).
+pub(crate) fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
+    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    d.used
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+            u.checked_add(bytes).filter(|n| *n <= d.total)
+        })
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    if !limits::charge(&s.limits, dev, bytes) {
+        d.used.fetch_sub(bytes, Ordering::AcqRel);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
+}
+
+/// Give back what [`charge`] took.
+pub(crate) fn uncharge(s: &State, dev: usize, bytes: u64) {
+    if let Some(d) = s.devices.get(dev) {
+        d.used.fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
+        limits::release(&s.limits, dev, bytes);
+    }
+}

@@ -22,6 +22,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpufence_mock_node::timeline::{self, Me, Timeline};
 
+use crate::graphmem;
+
 use crate::driver::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUresult, current_device, guard, put, state,
@@ -43,13 +45,15 @@ static FUNCS: [AtomicU64; MAX_FUNCS] = [const { AtomicU64::new(0) }; MAX_FUNCS];
 static NEXT_FUNC: AtomicUsize = AtomicUsize::new(0);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
-struct Stream {
-    dev: usize,
-    tail: u64,
-    capture: Option<Vec<u64>>,
+pub(crate) struct Stream {
+    pub(crate) dev: usize,
+    pub(crate) tail: u64,
+    pub(crate) capture: Option<Vec<u64>>,
+    /// bytes of the graph allocations made during the capture (graphmem.rs)
+    pub(crate) capture_mem: u64,
 }
 
-struct Exec {
+pub(crate) struct Exec {
     timeline: &'static Timeline,
     me: Me,
     streams: Mutex<HashMap<usize, Stream>>,
@@ -92,7 +96,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn new_handle() -> usize {
+pub(crate) fn new_handle() -> usize {
     0x0a00_0000_0000 + NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) as usize * HANDLE_STRIDE
 }
 
@@ -117,7 +121,7 @@ fn new_kernel(name: *const c_char) -> Result<usize, CUresult> {
 }
 
 /// Device time of kernel handle `f` (INVALID_HANDLE when it is not one of ours).
-fn kernel_ns(f: *mut c_void) -> Result<u64, CUresult> {
+pub(crate) fn kernel_ns(f: *mut c_void) -> Result<u64, CUresult> {
     let f = f as usize;
     let off = f.wrapping_sub(FUNC_BASE);
     if f < FUNC_BASE || !off.is_multiple_of(HANDLE_STRIDE) {
@@ -140,7 +144,7 @@ fn stream_key(s: usize, ptsz: bool, dev: usize) -> usize {
 }
 
 /// Run `f` on the stream's state (created on first use for default streams).
-fn with_stream<R>(
+pub(crate) fn with_stream<R>(
     s: usize,
     ptsz: bool,
     f: impl FnOnce(&Exec, &mut Stream) -> Result<R, CUresult>,
@@ -157,6 +161,7 @@ fn with_stream<R>(
         dev,
         tail: 0,
         capture: None,
+        capture_mem: 0,
     });
     f(e, stream)
 }
@@ -426,6 +431,7 @@ pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, _flags: c_uint) -> CUresu
                 dev,
                 tail: 0,
                 capture: None,
+                capture_mem: 0,
             },
         );
         // SAFETY: the caller's out-pointer (put refuses NULL).
@@ -462,6 +468,7 @@ fn sync_stream(s: usize, ptsz: bool) -> CUresult {
     guard(|| match stream_tail(s, ptsz) {
         Ok(t) => {
             timeline::sleep_until(t);
+            crate::pools::synchronized();
             CUDA_SUCCESS
         }
         Err(e) => e,
@@ -514,6 +521,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
             .max()
             .unwrap_or(0);
         timeline::sleep_until(t);
+        crate::pools::synchronized();
         CUDA_SUCCESS
     })
 }
@@ -586,7 +594,7 @@ pub extern "C" fn cuEventRecord_ptsz(ev: usize, s: usize) -> CUresult {
     record(ev, s, true)
 }
 
-fn event_time(ev: usize) -> Result<Option<u64>, CUresult> {
+pub(crate) fn event_time(ev: usize) -> Result<Option<u64>, CUresult> {
     let e = exec()?;
     lock(&e.events)
         .get(&ev)
@@ -608,6 +616,7 @@ pub extern "C" fn cuEventSynchronize(ev: usize) -> CUresult {
     guard(|| match event_time(ev) {
         Ok(t) => {
             timeline::sleep_until(t.unwrap_or(0));
+            crate::pools::synchronized();
             CUDA_SUCCESS
         }
         Err(e) => e,
@@ -646,6 +655,7 @@ fn begin_capture(s: usize, ptsz: bool) -> CUresult {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
             st.capture = Some(Vec::new());
+            st.capture_mem = 0;
             Ok(())
         });
         r.err().unwrap_or(CUDA_SUCCESS)
@@ -677,6 +687,7 @@ fn end_capture(s: usize, ptsz: bool, graph: *mut usize) -> CUresult {
         let r = with_stream(s, ptsz, |e, st| {
             let kernels = st.capture.take().ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let h = new_handle();
+            graphmem::captured_graph(h, st.dev, std::mem::take(&mut st.capture_mem));
             lock(&e.graphs).insert(h, kernels);
             Ok(h)
         });
@@ -698,7 +709,7 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: usize, graph: *mut usize) ->
     end_capture(s, true, graph)
 }
 
-fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
+pub(crate) fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
     guard(
         || match with_stream(s, ptsz, |_, st| Ok(st.capture.is_some())) {
             // SAFETY: the caller's out-pointer (put refuses NULL).
@@ -706,6 +717,152 @@ fn is_capturing(s: usize, ptsz: bool, status: *mut c_int) -> CUresult {
             Err(e) => e,
         },
     )
+}
+
+/// Whether stream `s` captures (graph allocations instead of memory).
+pub(crate) fn capturing(s: usize, ptsz: bool) -> Result<bool, CUresult> {
+    with_stream(s, ptsz, |_, st| Ok(st.capture.is_some()))
+}
+
+/// A memory node of the graph being captured on `s`: its address (lazily backed, `vram.rs`),
+/// its bytes added to the graph (`graphmem.rs`).
+pub(crate) fn captured_alloc(
+    s: usize,
+    ptsz: bool,
+    dev: usize,
+    bytes: u64,
+) -> Result<u64, CUresult> {
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = crate::vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE)
+        .ok_or(crate::driver::CUDA_ERROR_OUT_OF_MEMORY)?;
+    with_stream(s, ptsz, |_, st| {
+        st.capture_mem = st.capture_mem.saturating_add(bytes);
+        Ok(())
+    })?;
+    crate::vram::insert(p, bytes, dev, crate::vram::RegionKind::Device, 0);
+    graphmem::note_address(p);
+    Ok(p)
+}
+
+/// An empty graph (explicit construction: memory nodes only, `cuGraphAddMemAllocNode`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphCreate(g: *mut usize, _flags: c_uint) -> CUresult {
+    guard(|| {
+        let e = match exec() {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        let h = new_handle();
+        lock(&e.graphs).insert(h, Vec::new());
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(g, h) }
+    })
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: pool properties (88 bytes: allocation type, handle types,
+/// location, ...), access descriptors, then the size and the address the node returns.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    pool_props_rest: [u8; 72],
+    access: *const c_void,
+    access_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+/// A memory node: its address now, its memory when the graph launches (`graphmem.rs`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut usize,
+    g: usize,
+    _deps: *const usize,
+    _n: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    guard(|| {
+        if let Err(e) = graph_kernels(g) {
+            return e;
+        }
+        // SAFETY: the caller's node parameters (null refused).
+        let Some(p) = (unsafe { params.as_mut() }) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let st = match state() {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let dev = p.location_id;
+        if p.location_type != 1 || crate::driver::device(st, dev).is_err() || p.bytesize == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(ptr) = crate::vram::map(p.bytesize as u64, libc::PROT_READ | libc::PROT_WRITE)
+        else {
+            return crate::driver::CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        crate::vram::insert(
+            ptr,
+            p.bytesize as u64,
+            dev as usize,
+            crate::vram::RegionKind::Device,
+            0,
+        );
+        graphmem::note_address(ptr);
+        graphmem::added_to_graph(g, dev as usize, p.bytesize as u64);
+        p.dptr = ptr;
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(node, new_handle()) }
+    })
+}
+
+/// A free node of one of the graph's own allocations (its memory stays with the graph).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut usize,
+    g: usize,
+    _deps: *const usize,
+    _n: usize,
+    dptr: u64,
+) -> CUresult {
+    guard(|| {
+        if let Err(e) = graph_kernels(g) {
+            return e;
+        }
+        if !graphmem::is_graph_address(dptr) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the caller's out-pointer (put refuses NULL).
+        unsafe { put(node, new_handle()) }
+    })
+}
+
+/// The nodes of a graph: one per kernel (handles are the graph's own, numbered).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetNodes(g: usize, nodes: *mut usize, n: *mut usize) -> CUresult {
+    guard(|| {
+        let k = match graph_kernels(g) {
+            Ok(k) => k,
+            Err(e) => return e,
+        };
+        if n.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `n` checked non-null; `nodes`, when given, holds `*n` slots (caller contract).
+        unsafe {
+            if !nodes.is_null() {
+                for i in 0..(*n).min(k.len()) {
+                    *nodes.add(i) = g + 1 + i;
+                }
+            }
+            *n = k.len();
+        }
+        CUDA_SUCCESS
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -743,12 +900,14 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         };
         let h = new_handle();
         lock(&e.graphs).insert(h, k);
+        graphmem::instantiated(h, graph);
         // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(exec_out, h) }
     })
 }
 
 fn destroy_graph(g: usize) -> CUresult {
+    graphmem::destroyed(g);
     guard(|| match exec() {
         Ok(e) => match lock(&e.graphs).remove(&g) {
             Some(_) => CUDA_SUCCESS,
@@ -770,7 +929,10 @@ pub extern "C" fn cuGraphExecDestroy(g: usize) -> CUresult {
 
 fn graph_launch(g: usize, s: usize, ptsz: bool) -> CUresult {
     guard(|| match graph_kernels(g) {
-        Ok(k) => enqueue(s, ptsz, &k),
+        Ok(k) => match graphmem::launching(g) {
+            Ok(()) => enqueue(s, ptsz, &k),
+            Err(e) => e,
+        },
         Err(e) => e,
     })
 }
@@ -833,6 +995,10 @@ pub fn exports() -> Vec<(&'static str, usize)> {
         cuGraphExecDestroy,
         cuGraphLaunch,
         cuGraphLaunch_ptsz,
+        cuGraphGetNodes,
+        cuGraphCreate,
+        cuGraphAddMemAllocNode,
+        cuGraphAddMemFreeNode,
     )
 }
 

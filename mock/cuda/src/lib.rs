@@ -22,29 +22,36 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use driver::{CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table};
+use dark::cuGetExportTable;
+use devctx::{cuCtxCreate_v2, cuDevicePrimaryCtxRetain};
+use driver::{
+    CTX_BASE, CURRENT, Device, STATE, State, current_device, guard, put, state, table, tri,
+};
 pub use driver::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NOT_FOUND,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
     CUdevice, CUdeviceptr, CUresult,
 };
+use driver::{Kind, charge, device, pci_numbers, uncharge};
+use pools::{POOL_BASE, pool_device};
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Linear,
-    Vmm,
-    Array,
-    Pool,
-}
-
+mod attrs;
+mod dark;
+mod devctx;
 mod driver;
+mod functions;
+mod graphmem;
+mod integrity;
 mod limits;
+mod memops;
+mod pools;
+mod streams;
+mod trace;
+mod unsupported;
+mod vram;
 
 pub mod exec;
-
-/// Default memory pools are `POOL_BASE + device`.
-const POOL_BASE: u64 = 0x9001_0000;
 
 /// 16 UUID bytes from `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or `MIG-…`); names that are
 /// not hex get a stable FNV-derived value.
@@ -74,13 +81,17 @@ pub fn uuid_bytes(text: &str) -> [u8; 16] {
     out
 }
 
+/// A device as enumerated: UUID, name, bytes, timeline lane, PCI numbers.
+type Enumerated = (String, String, u64, usize, (i32, i32, i32));
+
 fn build_state() -> Result<State, String> {
     let anchor = cuInit as *const c_void;
     let (node, timeline) = gpufence_mock_node::load_with_timeline(anchor)?;
     exec::init(&timeline);
     // (uuid, name, bytes, lane) of every device CUDA would enumerate, in order
-    let mut all: Vec<(String, String, u64, usize)> = Vec::new();
+    let mut all: Vec<Enumerated> = Vec::new();
     for g in node.visible_gpus() {
+        let pci = pci_numbers(&g.pci_bus_id);
         if g.mig_mode() == gpufence_mock_node::MigMode::Enabled && !g.mig.is_empty() {
             for (j, m) in g.mig.iter().enumerate() {
                 all.push((
@@ -88,6 +99,7 @@ fn build_state() -> Result<State, String> {
                     format!("{} MIG {}", g.name, m.profile),
                     m.memory_bytes(),
                     gpufence_mock_node::timeline::lane_index(g.minor, j + 1),
+                    pci,
                 ));
             }
         } else {
@@ -96,6 +108,7 @@ fn build_state() -> Result<State, String> {
                 g.name.clone(),
                 g.memory_bytes(),
                 gpufence_mock_node::timeline::lane_index(g.minor, 0),
+                pci,
             ));
         }
     }
@@ -120,43 +133,22 @@ fn build_state() -> Result<State, String> {
     let limits = limits::build(&node, all.iter().map(|d| d.0.as_str()));
     let devices = all
         .into_iter()
-        .map(|(uuid, name, total, lane)| Device {
+        .map(|(uuid, name, total, lane, pci)| Device {
             uuid: uuid_bytes(&uuid),
             name,
             total,
             used: AtomicU64::new(0),
             lane,
+            pci,
         })
         .collect();
     Ok(State {
-        driver_version: node.cuda_driver_version,
+        driver_version: node.cuda_version(),
         devices,
         allocs: Mutex::new(HashMap::new()),
-        next_ptr: AtomicU64::new(0x7f00_0000_0000),
         next_handle: AtomicU64::new(0x10_0000),
         limits,
     })
-}
-
-fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {
-    usize::try_from(dev)
-        .ok()
-        .and_then(|d| s.devices.get(d))
-        .ok_or(CUDA_ERROR_INVALID_DEVICE)
-}
-
-fn charge(s: &State, dev: usize, bytes: u64) -> Result<(), CUresult> {
-    let d = s.devices.get(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-    d.used
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-            u.checked_add(bytes).filter(|n| *n <= d.total)
-        })
-        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-    if !limits::charge(&s.limits, dev, bytes) {
-        d.used.fetch_sub(bytes, Ordering::AcqRel);
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    Ok(())
 }
 
 fn record(s: &State, kind: Kind, handle: u64, dev: usize, bytes: u64) {
@@ -177,9 +169,11 @@ fn release(kind: Kind, handle: u64) -> CUresult {
         .and_then(|mut m| m.remove(&(kind as u8, handle)));
     match removed {
         Some((dev, bytes)) => {
-            if let Some(d) = s.devices.get(dev) {
-                d.used.fetch_sub(bytes, Ordering::AcqRel);
-                limits::release(&s.limits, dev, bytes);
+            uncharge(s, dev, bytes);
+            if matches!(kind, Kind::Linear)
+                && let Some(r) = vram::remove(handle)
+            {
+                vram::unmap(handle, r.len);
             }
             CUDA_SUCCESS
         }
@@ -187,26 +181,26 @@ fn release(kind: Kind, handle: u64) -> CUresult {
     }
 }
 
-/// Allocate `bytes` of linear memory on `dev`; returns the fake pointer.
-fn alloc_linear(dev: usize, bytes: u64, kind: Kind) -> Result<u64, CUresult> {
+/// Allocate `bytes` of linear memory on `dev` (`region`: device or managed; `pool`: the memory
+/// pool of a stream-ordered allocation, else 0); returns its address, backed lazily (`vram`).
+fn alloc_linear(
+    dev: usize,
+    bytes: u64,
+    region: vram::RegionKind,
+    pool: u64,
+) -> Result<u64, CUresult> {
     let s = state()?;
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     charge(s, dev, bytes)?;
-    let rounded = bytes.div_ceil(512).saturating_mul(512);
-    let p = s.next_ptr.fetch_add(rounded.max(512), Ordering::Relaxed);
-    record(s, kind, p, dev, bytes);
-    Ok(p)
-}
-
-macro_rules! tri {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => return e,
-        }
+    let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
+        uncharge(s, dev, bytes);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
+    vram::insert(p, bytes, dev, region, pool);
+    record(s, Kind::Linear, p, dev, bytes);
+    Ok(p)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -238,8 +232,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
         let ver = match STATE.get() {
             Some(Ok(s)) => s.driver_version,
             _ => gpufence_mock_node::load(cuInit as *const c_void)
-                .map(|n| n.cuda_driver_version)
-                .unwrap_or(12080),
+                .map(|n| n.cuda_version())
+                .unwrap_or(13000),
         };
         // SAFETY: put rejects a null `v`; otherwise the CUDA driver-API contract makes it a valid,
         // writable out-pointer for an int.
@@ -316,7 +310,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     })
 }
 
-/// A few attributes programs commonly ask for; everything else reads 0.
+/// The attributes of an H100 SXM5 80GB (`attrs.rs`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetAttribute(
     pi: *mut c_int,
@@ -325,16 +319,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        tri!(device(s, dev));
-        let v = match attrib {
-            1 => 1024,                              // MAX_THREADS_PER_BLOCK
-            10 => 32,                               // WARP_SIZE
-            16 => limits::sm_count(&s.limits, 132), // MULTIPROCESSOR_COUNT
-            75 => 9,                                // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,                                // COMPUTE_CAPABILITY_MINOR
-            115 => 1,                               // MEMORY_POOLS_SUPPORTED
-            102 => 1,                               // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-            _ => 0,
+        let d = tri!(device(s, dev));
+        let Some(v) = attrs::value(attrib, d, limits::sm_count(&s.limits, 132)) else {
+            return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: put rejects a null `pi`; otherwise the CUDA driver-API contract makes it a valid,
         // writable out-pointer for an int.
@@ -344,27 +331,6 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 
 // ---------------------------------------------------------------------------------------------
 // Contexts
-
-fn ctx_for(s: &State, dev: CUdevice) -> Result<usize, CUresult> {
-    device(s, dev)?;
-    Ok(CTX_BASE + dev as usize)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut usize,
-    _flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let c = tri!(ctx_for(s, dev));
-        CURRENT.with(|cur| cur.set(c));
-        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUcontext.
-        unsafe { put(pctx, c) }
-    })
-}
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
@@ -383,21 +349,11 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        let c = tri!(ctx_for(s, dev));
-        // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUcontext.
-        unsafe { put(pctx, c) }
-    })
-}
-
-#[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     guard(|| {
         let s = tri!(state());
         tri!(device(s, dev));
+        devctx::primary_released(dev as usize);
         CUDA_SUCCESS
     })
 }
@@ -485,7 +441,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
         }
         let s = tri!(state());
         let dev = tri!(current_device(s));
-        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
+        let p = tri!(alloc_linear(dev, bytes as u64, vram::RegionKind::Device, 0));
         // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(dptr, p) }
@@ -498,9 +454,22 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytes: usize,
     _flags: c_uint,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
-    // forwarded.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = tri!(current_device(s));
+        let p = tri!(alloc_linear(
+            dev,
+            bytes as u64,
+            vram::RegionKind::Managed,
+            0
+        ));
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
+        unsafe { put(dptr, p) }
+    })
 }
 
 /// Pitch is the width rounded up to 512 bytes.
@@ -527,7 +496,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         let ptr = tri!(alloc_linear(
             dev,
             (p as u64).saturating_mul(height as u64),
-            Kind::Linear
+            vram::RegionKind::Device,
+            0
         ));
         // SAFETY: `pitch` and `dptr` were checked non-null at the top; the caller's contract makes
         // them writable slots.
@@ -545,16 +515,6 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 // Stream-ordered allocator
-
-fn pool_device(s: &State, pool: u64) -> Result<usize, CUresult> {
-    if pool >= POOL_BASE && pool - POOL_BASE < s.devices.len() as u64 {
-        return Ok((pool - POOL_BASE) as usize);
-    }
-    let m = s.allocs.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-    m.get(&(Kind::Pool as u8, pool))
-        .map(|e| e.0)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)
-}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
@@ -607,18 +567,23 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const PropHead)
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
-    guard(|| release(Kind::Pool, pool))
+    guard(|| {
+        let r = release(Kind::Pool, pool);
+        if r == CUDA_SUCCESS {
+            pools::destroyed(pool);
+        }
+        r
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
-    _stream: usize,
+    stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAlloc_v2 (which null-checks `dptr` before writing); only
-    // forwarded.
-    unsafe { cuMemAlloc_v2(dptr, bytes) }
+    // SAFETY: the caller's out-slot, passed on (null-checked there).
+    unsafe { alloc_async(dptr, bytes, None, stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -627,9 +592,8 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytes: usize,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocAsync (which null-checks `dptr` before writing);
-    // only forwarded.
-    unsafe { cuMemAllocAsync(dptr, bytes, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, None, stream, true) }
 }
 
 #[unsafe(no_mangle)]
@@ -637,19 +601,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     pool: u64,
-    _stream: usize,
+    stream: usize,
 ) -> CUresult {
-    guard(|| {
-        if dptr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let s = tri!(state());
-        let dev = tri!(pool_device(s, pool));
-        let p = tri!(alloc_linear(dev, bytes as u64, Kind::Linear));
-        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
-        // valid, writable out-pointer for a CUdeviceptr.
-        unsafe { put(dptr, p) }
-    })
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, false) }
 }
 
 #[unsafe(no_mangle)]
@@ -659,14 +614,90 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: u64,
     stream: usize,
 ) -> CUresult {
-    // SAFETY: same caller contract as cuMemAllocFromPoolAsync (which null-checks `dptr` before
-    // writing); only forwarded.
-    unsafe { cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) }
+    // SAFETY: as cuMemAllocAsync.
+    unsafe { alloc_async(dptr, bytes, Some(pool), stream, true) }
 }
 
+/// An allocation of `pool`: what the pool keeps is reused first, the rest taken from the device.
+fn alloc_from_pool(dev: usize, bytes: u64, pool: u64) -> Result<u64, CUresult> {
+    let s = state()?;
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let reused = pools::reuse(pool, bytes);
+    if let Err(e) = charge(s, dev, bytes - reused) {
+        pools::returned(pool, dev, reused);
+        return Err(e);
+    }
+    let Some(p) = vram::map(bytes, libc::PROT_READ | libc::PROT_WRITE) else {
+        uncharge(s, dev, bytes - reused);
+        pools::returned(pool, dev, reused);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    vram::insert(p, bytes, dev, vram::RegionKind::Device, pool);
+    record(s, Kind::Linear, p, dev, bytes);
+    Ok(p)
+}
+
+/// A stream-ordered allocation from `pool` (None: the current device's). On a capturing stream
+/// it becomes a memory node of the graph (`graphmem.rs`): an address now, memory at launch.
+unsafe fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<u64>,
+    stream: usize,
+    ptsz: bool,
+) -> CUresult {
+    guard(|| {
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = tri!(state());
+        let dev = match pool {
+            Some(p) => tri!(pool_device(s, p)),
+            None => tri!(current_device(s)),
+        };
+        let pool = pool.unwrap_or_else(|| pools::current(dev));
+        let p = if tri!(exec::capturing(stream, ptsz)) {
+            tri!(exec::captured_alloc(stream, ptsz, dev, bytes as u64))
+        } else {
+            tri!(alloc_from_pool(dev, bytes as u64, pool))
+        };
+        // SAFETY: put rejects a null `dptr`; otherwise the CUDA driver-API contract makes it a
+        // valid, writable out-pointer for a CUdeviceptr.
+        unsafe { put(dptr, p) }
+    })
+}
+
+/// A graph's allocation (freed by the graph itself, `graphmem.rs`), a pool's (kept by the pool,
+/// `pools.rs`) or an ordinary one.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) -> CUresult {
-    cuMemFree_v2(dptr)
+    guard(|| {
+        let s = tri!(state());
+        if graphmem::is_graph_address(dptr) {
+            return CUDA_SUCCESS;
+        }
+        match vram::find(dptr) {
+            Some((start, r))
+                if start == dptr && r.pool != 0 && r.kind == vram::RegionKind::Device =>
+            {
+                let Some((dev, bytes)) = s
+                    .allocs
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.remove(&(Kind::Linear as u8, dptr)))
+                else {
+                    return CUDA_ERROR_INVALID_VALUE;
+                };
+                vram::remove(dptr);
+                vram::unmap(dptr, r.len);
+                pools::returned(r.pool, dev, bytes);
+                CUDA_SUCCESS
+            }
+            _ => cuMemFree_v2(dptr),
+        }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -724,25 +755,42 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
+/// Extra references `cuMemRetainAllocationHandle` took on a VMM handle.
+static VMM_RETAINS: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+
+/// Drops one reference; the memory goes back when the creation's own reference goes.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    guard(|| release(Kind::Vmm, handle))
+    guard(|| {
+        let mut refs = VMM_RETAINS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = refs.get_or_insert_with(HashMap::new).get_mut(&handle)
+            && *n > 0
+        {
+            *n -= 1;
+            return CUDA_SUCCESS;
+        }
+        drop(refs);
+        release(Kind::Vmm, handle)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAddressReserve(
     ptr: *mut CUdeviceptr,
     size: usize,
-    _align: usize,
+    align: usize,
     _addr: u64,
     _flags: u64,
 ) -> CUresult {
     guard(|| {
-        let s = tri!(state());
+        tri!(state());
         if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        let p = s.next_ptr.fetch_add(size as u64, Ordering::Relaxed);
+        let align = (align as u64).max(VMM_GRANULARITY as u64);
+        let Some(p) = vram::reserve(size as u64, align) else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
         // SAFETY: put rejects a null `ptr`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUdeviceptr.
         unsafe { put(ptr, p) }
@@ -750,44 +798,126 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         tri!(state());
+        tri!(vram::unreserve(ptr, size as u64));
         CUDA_SUCCESS
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemMap(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _offset: usize,
-    _handle: u64,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
     _flags: u64,
 ) -> CUresult {
     guard(|| {
-        tri!(state());
+        let s = tri!(state());
+        let alloc = vmm_allocation(s, handle);
+        let Some((dev, bytes)) = alloc else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        if size == 0
+            || (offset as u64).saturating_add(size as u64) > bytes
+            || !vram::reserved_covers(ptr, size as u64)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        tri!(vram::remap_fixed(
+            ptr,
+            size as u64,
+            libc::PROT_READ | libc::PROT_WRITE
+        ));
+        // a mapped range records its handle where allocations record their pool
+        vram::insert(ptr, size as u64, dev, vram::RegionKind::Mapped, handle);
         CUDA_SUCCESS
     })
 }
 
+/// (device, bytes) of a live VMM handle.
+fn vmm_allocation(s: &State, handle: u64) -> Option<(usize, u64)> {
+    s.allocs
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&(Kind::Vmm as u8, handle)).copied())
+}
+
+/// The properties a VMM handle was created with: pinned device memory of its device.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut PropHead,
+    handle: u64,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        let alloc = vmm_allocation(s, handle);
+        let Some((dev, _)) = alloc else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let head = PropHead {
+            alloc_type: 1,
+            handle_types: 0,
+            location_type: 1,
+            location_id: dev as c_int,
+        };
+        // SAFETY: put rejects a null `prop`; the caller's CUmemAllocationProp starts with these
+        // four ints.
+        unsafe { put(prop, head) }
+    })
+}
+
+/// The handle mapped at `addr` (the allocation is retained: a `cuMemRelease` balances it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         tri!(state());
+        match vram::find(addr) {
+            // SAFETY: put rejects a null `handle`; otherwise the caller's out-slot.
+            Some((_, r)) if r.kind == vram::RegionKind::Mapped => {
+                let mut refs = VMM_RETAINS.lock().unwrap_or_else(|e| e.into_inner());
+                *refs
+                    .get_or_insert_with(HashMap::new)
+                    .entry(r.pool)
+                    .or_insert(0) += 1;
+                // SAFETY: put rejects a null `handle`; otherwise the caller's out-slot.
+                unsafe { put(handle, r.pool) }
+            }
+            _ => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        tri!(state());
+        if !vram::reserved_covers(ptr, size as u64) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        vram::forget_range(ptr, size as u64);
+        tri!(vram::remap_fixed(ptr, size as u64, libc::PROT_NONE));
         CUDA_SUCCESS
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemSetAccess(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _desc: *const c_void,
-    _count: usize,
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const c_void,
+    count: usize,
 ) -> CUresult {
     guard(|| {
         tri!(state());
+        if desc.is_null() || count == 0 || !vram::reserved_covers(ptr, size as u64) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         CUDA_SUCCESS
     })
 }
@@ -1014,6 +1144,8 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMemMap,
             cuMemUnmap,
             cuMemSetAccess,
+            cuMemGetAllocationPropertiesFromHandle,
+            cuMemRetainAllocationHandle,
             cuArrayCreate_v2,
             cuArray3DCreate_v2,
             cuMipmappedArrayCreate,
@@ -1022,19 +1154,70 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuGetErrorString,
             cuGetProcAddress,
             cuGetProcAddress_v2,
+            cuGetExportTable,
         );
         t.extend(exec::exports());
+        t.extend(pools::exports());
+        t.extend(graphmem::exports());
+        t.extend(memops::exports());
+        t.extend(devctx::exports());
+        t.extend(streams::exports());
+        t.extend(functions::exports());
+        t.extend(unsupported::exports());
         t
     })
 }
 
+/// Versioned variants whose signature or meaning changed, with the CUDA version that brought
+/// them: a program built for an older CUDA asking for the base name gets the older variant.
+/// Variants not listed here behave as their predecessors and are handed out at any version.
+const INTRODUCED: &[(&str, i32)] = &[
+    ("cuCtxCreate_v3", 11040),
+    ("cuCtxCreate_v4", 12050),
+    ("cuCtxGetDevice_v2", 13000),
+    ("cuCtxSynchronize_v2", 13000),
+    ("cuEventElapsedTime_v2", 12080),
+    ("cuStreamBeginCapture_v2", 10010),
+    ("cuStreamGetCtx_v2", 12050),
+    ("cuStreamGetCaptureInfo_v2", 11030),
+    ("cuStreamGetCaptureInfo_v3", 12030),
+    ("cuMemAdvise_v2", 12020),
+    ("cuMemPrefetchAsync_v2", 12020),
+    ("cuGraphInstantiate_v2", 11000),
+    ("cuGraphExecUpdate_v2", 12000),
+    ("cuGraphAddNode_v2", 12030),
+    ("cuGraphGetEdges_v2", 12030),
+    ("cuGraphNodeGetDependencies_v2", 12030),
+    ("cuGraphNodeGetDependentNodes_v2", 12030),
+    ("cuGraphAddDependencies_v2", 12030),
+    ("cuGraphRemoveDependencies_v2", 12030),
+    ("cuStreamUpdateCaptureDependencies_v2", 12030),
+    ("cuMemcpyBatchAsync_v2", 13000),
+    ("cuMemcpy3DBatchAsync_v2", 13000),
+];
+
+fn introduced(name: &str) -> i32 {
+    let base = name
+        .strip_suffix("_ptsz")
+        .or_else(|| name.strip_suffix("_ptds"))
+        .unwrap_or(name);
+    INTRODUCED.iter().find(|e| e.0 == base).map_or(0, |e| e.1)
+}
+
 /// Resolve a base name the way the driver does: per-thread-default-stream variant first when
-/// asked (flag 2), then the highest `_vN`, then the plain name.
-pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
+/// asked (flag 2), then the highest `_vN` that the asking CUDA `version` knows, then the plain
+/// name.
+pub fn resolve(symbol: &str, version: i32, flags: u64) -> Option<usize> {
     let t = exports();
-    let find = |n: &str| t.iter().find(|e| e.0 == n).map(|e| e.1);
+    let find = |n: &str| {
+        if introduced(n) > version {
+            return None;
+        }
+        t.iter().find(|e| e.0 == n).map(|e| e.1)
+    };
+    const VERSIONS: [&str; 5] = ["_v4", "_v3", "_v2", "", ""];
     if flags & 2 != 0 {
-        for v in ["_v3", "_v2", ""] {
+        for v in &VERSIONS[..4] {
             for suffix in ["_ptsz", "_ptds"] {
                 if let Some(p) = find(&format!("{symbol}{v}{suffix}")) {
                     return Some(p);
@@ -1042,8 +1225,8 @@ pub fn resolve(symbol: &str, flags: u64) -> Option<usize> {
             }
         }
     }
-    for suffix in ["_v3", "_v2", ""] {
-        if let Some(p) = find(&format!("{symbol}{suffix}")) {
+    for v in &VERSIONS[..4] {
+        if let Some(p) = find(&format!("{symbol}{v}")) {
             return Some(p);
         }
     }
@@ -1064,7 +1247,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         // SAFETY: caller passes a NUL-terminated name.
         let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-        let found = resolve(name, flags);
+        let found = resolve(name, _cuda_version, flags);
+        trace::proc_address(name, _cuda_version, flags, found.is_some());
         // SAFETY: `pfn` was checked non-null above and `status` is checked before its write; both
         // are the caller's out-pointers per cuGetProcAddress's contract.
         unsafe {
@@ -1115,14 +1299,30 @@ mod tests {
     #[test]
     fn proc_address_versions() {
         assert_eq!(
-            resolve("cuMemAlloc", 0),
+            resolve("cuMemAlloc", 13000, 0),
             Some(cuMemAlloc_v2 as *const c_void as usize)
         );
         assert_eq!(
-            resolve("cuMemAllocAsync", 2),
+            resolve("cuMemAllocAsync", 13000, 2),
             Some(cuMemAllocAsync_ptsz as *const c_void as usize)
         );
-        assert_eq!(resolve("cuInit", 0), Some(cuInit as *const c_void as usize));
-        assert_eq!(resolve("cuNothing", 0), None);
+        assert_eq!(
+            resolve("cuInit", 2000, 0),
+            Some(cuInit as *const c_void as usize)
+        );
+        assert_eq!(resolve("cuNothing", 13000, 0), None);
+        // the version asked picks the variant
+        assert_eq!(
+            resolve("cuCtxGetDevice", 2000, 0),
+            Some(cuCtxGetDevice as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuCtxGetDevice", 13000, 0),
+            Some(devctx::cuCtxGetDevice_v2 as *const c_void as usize)
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoD", 3020, 2),
+            Some(memops::cuMemcpyHtoD_v2_ptds as *const c_void as usize)
+        );
     }
 }

@@ -24,7 +24,10 @@ pub const FILE_NAME: &str = "gpufence-mock-node.json";
 #[serde(deny_unknown_fields)]
 pub struct Node {
     pub driver_version: String,
-    pub cuda_driver_version: i32,
+    /// The CUDA version the driver reports (`cuDriverGetVersion`, NVML's CUDA driver version);
+    /// absent: the one a real driver of `driver_version` reports ([`cuda_version_of_driver`]).
+    #[serde(default)]
+    pub cuda_driver_version: Option<i32>,
     pub gpus: Vec<Gpu>,
     /// Root under which `/dev/nvidia*` are checked for visibility (default `/`).
     #[serde(default)]
@@ -37,6 +40,45 @@ pub struct Node {
     /// container) the one beside the node file is used.
     #[serde(default)]
     pub timeline: Option<String>,
+}
+
+impl Node {
+    /// The CUDA version this node's driver reports.
+    pub fn cuda_version(&self) -> i32 {
+        self.cuda_driver_version
+            .unwrap_or_else(|| cuda_version_of_driver(&self.driver_version))
+    }
+}
+
+/// The CUDA version a real NVIDIA driver of branch `driver_version` reports (`cuDriverGetVersion`):
+/// the CUDA release the branch shipped with (580 → 13.0, 575 → 12.9, 570 → 12.8, 560 → 12.6,
+/// 550 → 12.4, 535 → 12.2, 525 → 12.0); a branch in between reports its predecessor's, an
+/// unparsable one 13.0.
+pub fn cuda_version_of_driver(driver_version: &str) -> i32 {
+    const BRANCHES: [(u32, i32); 11] = [
+        (580, 13000),
+        (575, 12090),
+        (570, 12080),
+        (565, 12070),
+        (560, 12060),
+        (555, 12050),
+        (550, 12040),
+        (545, 12030),
+        (535, 12020),
+        (530, 12010),
+        (525, 12000),
+    ];
+    let Some(major) = driver_version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok())
+    else {
+        return 13000;
+    };
+    BRANCHES
+        .iter()
+        .find(|(branch, _)| major >= *branch)
+        .map_or(11080, |(_, cuda)| *cuda)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -186,7 +228,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n.gpus[0].mig_mode(), MigMode::Enabled);
+        assert_eq!(n.cuda_version(), 12080, "an explicit version is kept");
         assert_eq!(n.gpus[0].mig[0].memory_bytes(), 9984 << 20);
         assert!(parse("{}").is_err());
+    }
+
+    #[test]
+    fn cuda_version_follows_the_driver_branch() {
+        assert_eq!(cuda_version_of_driver("580.65.06"), 13000);
+        assert_eq!(cuda_version_of_driver("570.172.08"), 12080);
+        assert_eq!(cuda_version_of_driver("550.54.15"), 12040);
+        assert_eq!(cuda_version_of_driver("590.1"), 13000);
+        assert_eq!(cuda_version_of_driver("520.61.05"), 11080);
+        let n = parse(r#"{ "driver_version": "550.54.15", "gpus": [] }"#).unwrap();
+        assert_eq!(n.cuda_version(), 12040);
     }
 }

@@ -193,11 +193,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     // rejects); write_str checks the length before copying.
     with_state(|s| unsafe {
         write_str(
-            &format!(
-                "{}.{}",
-                s.node.cuda_driver_version / 1000,
-                s.node.driver_version
-            ),
+            &format!("{}.{}", s.node.cuda_version() / 1000, s.node.driver_version),
             version,
             length,
         )
@@ -218,7 +214,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvm
     }
     with_state(|s| {
         // SAFETY: non-null out-pointer from the caller.
-        unsafe { *v = s.node.cuda_driver_version };
+        unsafe { *v = s.node.cuda_version() };
         NVML_SUCCESS
     })
 }
@@ -696,6 +692,69 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
             unsafe { *id = m.ci };
             NVML_SUCCESS
         }
+    })
+}
+
+// ---- NVLink and fabric ------------------------------------------------------------------------
+// PyTorch's CUDA allocator resolves these at its first out-of-memory report (c10 `DriverAPI`);
+// the simulated node has no NVLink topology (NVML_ERROR_NOT_SUPPORTED per link) and no fabric
+// manager.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    d: nvmlDevice_t,
+    _link: c_uint,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| NVML_ERROR_NOT_SUPPORTED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    d: nvmlDevice_t,
+    _link: c_uint,
+    out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| NVML_ERROR_NOT_SUPPORTED)
+}
+
+/// The fields every `nvmlGpuFabricInfoV_t` version starts with (version, cluster UUID, status,
+/// clique id, state); later versions append fields this never writes.
+#[repr(C)]
+pub struct FabricInfoHead {
+    pub version: c_uint,
+    pub cluster_uuid: [u8; 16],
+    pub status: nvmlReturn_t,
+    pub clique_id: c_uint,
+    pub state: u8,
+}
+
+/// An H100 of an HGX board without a fabric manager: the query succeeds and says the GPU takes
+/// part in no fabric (`NVML_GPU_FABRIC_STATE_NOT_SUPPORTED`), as the real driver answers there.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    d: nvmlDevice_t,
+    out: *mut FabricInfoHead,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    with_device(d, |_, _, _| {
+        // SAFETY: `out` is the caller's non-null nvmlGpuFabricInfoV_t, which starts with these
+        // fields in every version; its own `version` field is kept.
+        unsafe {
+            (*out).cluster_uuid = [0; 16];
+            (*out).status = NVML_SUCCESS;
+            (*out).clique_id = 0;
+            (*out).state = 0;
+        }
+        NVML_SUCCESS
     })
 }
 

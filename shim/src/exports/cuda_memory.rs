@@ -1,7 +1,8 @@
 //! The CUDA driver's memory calls: every way to allocate device memory (linear, pitched, managed,
 //! stream-ordered and from pools, VMM handles, arrays) is charged to the container's quota
 //! before the driver runs and released when the driver freed it; `cuMemGetInfo` and
-//! `cuDeviceTotalMem` report the container's slice of the device.
+//! `cuDeviceTotalMem` report the container's slice of the device. Stream-ordered allocations
+//! made while a stream captures belong to the graph (`graphmem`).
 
 use std::ffi::{c_int, c_uint};
 
@@ -13,8 +14,9 @@ use crate::ffi::{
     ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
     LOCATION_DEVICE, PropHead,
 };
+use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
-use crate::{real, state};
+use crate::{cores, graphmem, poolmem, real, state};
 
 // Linear memory
 
@@ -139,15 +141,95 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 
 // Stream-ordered allocator
 
+/// A stream-ordered allocation from `pool`: on a capturing stream a memory node of the graph
+/// being captured, charged when the graph runs (`graphmem`); otherwise what the pool keeps is
+/// used first and the rest charged, and the allocation is recorded with its pool so that its
+/// free goes back to the pool (`poolmem`).
+#[inline]
+fn stream_ordered(
+    e: Option<(&'static Config, Acct)>,
+    what: &str,
+    bytes: u64,
+    (stream, ptsz, pool): (usize, bool, u64),
+    call: impl FnOnce() -> CUresult,
+    handle: impl FnOnce() -> u64,
+) -> CUresult {
+    let Some((cfg, a)) = e else {
+        return call();
+    };
+    if cores::capturing(stream, ptsz) {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            graphmem::captured_alloc(stream, ptsz, bytes);
+        }
+        return r;
+    }
+    let reused = poolmem::reuse(pool, a.idx, bytes);
+    let fresh = bytes - reused;
+    if fresh > 0 && !charge(cfg, a, what, fresh) {
+        poolmem::keep(pool, a.idx, reused);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = call();
+    if r != CUDA_SUCCESS {
+        cfg.region.uncharge(a.idx, fresh);
+        poolmem::keep(pool, a.idx, reused);
+        return r;
+    }
+    let h = handle();
+    // a full table keeps the charge until the process exits (fail closed)
+    table::insert(Kind::Linear, h, table::pack(a.idx, bytes));
+    if pool != 0 {
+        table::insert(Kind::AllocPool, h, pool);
+    }
+    r
+}
+
+/// The pool `cuMemAllocAsync` takes from: the current device's current pool (0: unknown).
+fn current_pool() -> u64 {
+    let (Some(dev), Some(get)) = (real::cuCtxGetDevice(), real::cuDeviceGetMemPool()) else {
+        return 0;
+    };
+    let mut d: c_int = 0;
+    let mut p: usize = 0;
+    // SAFETY: real driver calls with valid out-pointers.
+    let ok = unsafe { dev(&mut d) == CUDA_SUCCESS && get(&mut p, d) == CUDA_SUCCESS };
+    if ok { p as u64 } else { 0 }
+}
+
+/// A stream-ordered free: an allocation of a pool goes back to the pool, still charged
+/// (`poolmem`); any other is released.
+fn stream_ordered_free(dptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let (Some(_), Some(pool)) = (state::config(), table::take(Kind::AllocPool, dptr)) else {
+        return released(Kind::Linear, dptr, call);
+    };
+    let taken = table::take(Kind::Linear, dptr);
+    let r = call();
+    if let Some(v) = taken {
+        if r == CUDA_SUCCESS {
+            let (d, b) = table::unpack(v);
+            if !poolmem::keep(pool, d, b)
+                && let Some(cfg) = state::config()
+            {
+                cfg.region.uncharge(d, b);
+            }
+        } else {
+            table::insert(Kind::Linear, dptr, v);
+            table::insert(Kind::AllocPool, dptr, pool);
+        }
+    }
+    r
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync);
-        charged(
+        stream_ordered(
             enforce_current(),
             "cuMemAllocAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, false, current_pool()),
             // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
             // exact C signature); the application's arguments go through unchanged under the CUDA
             // caller contract.
@@ -167,11 +249,11 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync_ptsz);
-        charged(
+        stream_ordered(
             enforce_current(),
             "cuMemAllocAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, true, current_pool()),
             // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
             // to its exact C signature); the application's arguments go through unchanged under the
             // CUDA caller contract.
@@ -192,11 +274,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync);
-        charged(
+        stream_ordered(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, false, pool as u64),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
@@ -217,11 +299,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocFromPoolAsync_ptsz);
-        charged(
+        stream_ordered(
             enforce_pool(pool),
             "cuMemAllocFromPoolAsync",
-            Kind::Linear,
             bytes as u64,
+            (stream, true, pool as u64),
             // SAFETY: `f` is the driver's own cuMemAllocFromPoolAsync_ptsz (dlsym'd, non-null,
             // transmuted to its exact C signature); the application's arguments go through
             // unchanged under the CUDA caller contract.
@@ -240,7 +322,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: u64, stream: usize) -> CUresult {
         // SAFETY: `f` is the driver's own cuMemFreeAsync (dlsym'd, non-null, transmuted to its
         // exact C signature); the application's arguments go through unchanged under the CUDA
         // caller contract.
-        released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
+        stream_ordered_free(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -251,7 +333,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: usize) -> CUresu
         // SAFETY: `f` is the driver's own cuMemFreeAsync_ptsz (dlsym'd, non-null, transmuted to its
         // exact C signature); the application's arguments go through unchanged under the CUDA
         // caller contract.
-        released(Kind::Linear, dptr, || unsafe { f(dptr, stream) })
+        stream_ordered_free(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -294,6 +376,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
         let r = unsafe { f(pool) };
         if r == CUDA_SUCCESS && state::config().is_some() {
             let _ = table::take(Kind::Pool, pool as u64);
+            poolmem::destroyed(pool as u64);
         }
         r
     })
@@ -324,6 +407,40 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUr
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: usize, keep: usize) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemPoolTrimTo);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(pool, keep) };
+        if r == CUDA_SUCCESS {
+            poolmem::trimmed(pool as u64, keep as u64);
+        }
+        r
+    })
+}
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: what the pool keeps at a synchronization (`poolmem`).
+const RELEASE_THRESHOLD: c_int = 4;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: usize,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemPoolSetAttribute);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(pool, attr, value) };
+        if r == CUDA_SUCCESS && attr == RELEASE_THRESHOLD && !value.is_null() {
+            // SAFETY: the driver accepted it: a cuuint64_t for this attribute.
+            poolmem::set_threshold(pool as u64, unsafe { value.read() });
         }
         r
     })
@@ -550,7 +667,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             let (t, _, fr) = unsafe {
                 slice(
                     a.limit,
-                    cfg.region.used(a.idx),
+                    cfg.region.used_by_live(a.idx),
                     total.read() as u64,
                     free.read() as u64,
                     0,

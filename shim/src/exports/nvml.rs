@@ -22,7 +22,7 @@ fn acct_for(device: *mut c_void) -> Option<(state::Acct, u64)> {
         (unsafe { f(device, &mut index) } == 0).then_some(index)
     });
     let a = state::entry_for_nvml(cfg, uuid, index)?;
-    Some((a, cfg.region.used(a.idx)))
+    Some((a, cfg.region.used_by_live(a.idx)))
 }
 
 fn get_memory_info(device: *mut c_void, mem: *mut NvmlMemory) -> c_int {

@@ -1,0 +1,144 @@
+//! Memory held by CUDA graphs. An allocation made while a stream captures (`cuMemAllocAsync` in
+//! capture: what PyTorch's `cudaMallocAsync` backend and CuPy's async pool do inside a CUDA graph)
+//! is a memory node of the graph: the driver hands out an address and takes the memory only when
+//! an instantiation of the graph is launched, and keeps it (the graph's own frees return it to
+//! the graph memory pool, not to the device) until the instantiation is destroyed and the device's
+//! graph memory trimmed (`cuDeviceGraphMemTrim`). Charging at capture and releasing at the
+//! captured free (as for any allocation) would count nothing for what the graph holds while
+//! it runs, so instead:
+//!
+//! - a captured allocation is not charged; its bytes add up per capturing stream (or per graph
+//!   for a memory node added explicitly, `cuGraphAddMemAllocNode`);
+//! - `cuStreamEndCapture` gives the sum to the graph, `cuGraphInstantiate*` to the instantiation;
+//! - the first launch of the instantiation charges it (refused: the launch fails with
+//!   `CUDA_ERROR_OUT_OF_MEMORY` before the driver takes anything);
+//! - `cuGraphExecDestroy` leaves the charge as held, `cuDeviceGraphMemTrim` releases it.
+//!
+//! The charge is the sum of the graph's allocations: the driver may reuse memory between them
+//! and across graphs, so the quota sees at least what the driver holds (fail closed).
+//! Entries live in the handle table (`table`), keyed by stream, graph and instantiation; their
+//! value packs the CUDA ordinal (not the quota index) and the bytes.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use crate::enforce::{charge, enforce_dev};
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
+use crate::table::{self, Kind};
+use crate::{real, state};
+
+/// Key of a capturing stream (the per-thread default stream apart from the legacy one).
+fn stream_key(stream: usize, ptsz: bool) -> u64 {
+    if ptsz && stream == 0 {
+        2
+    } else {
+        stream as u64
+    }
+}
+
+fn current_ordinal() -> Option<c_int> {
+    let get = real::cuCtxGetDevice()?;
+    let mut d: c_int = 0;
+    // SAFETY: real driver call with a valid out-pointer.
+    (unsafe { get(&mut d) } == CUDA_SUCCESS).then_some(d)
+}
+
+/// A captured stream-ordered allocation of `bytes` succeeded on `stream`.
+pub fn captured_alloc(stream: usize, ptsz: bool, bytes: u64) {
+    let Some(dev) = current_ordinal() else {
+        return;
+    };
+    let key = stream_key(stream, ptsz);
+    let before = table::take(Kind::CaptureMem, key).map_or(0, |v| table::unpack(v).1);
+    table::insert(
+        Kind::CaptureMem,
+        key,
+        table::pack(dev as usize, before.saturating_add(bytes)),
+    );
+}
+
+/// The capture on `stream` ended as `graph`.
+pub fn capture_ended(stream: usize, ptsz: bool, graph: usize) {
+    if let Some(v) = table::take(Kind::CaptureMem, stream_key(stream, ptsz)) {
+        table::insert(Kind::GraphMem, graph as u64, v);
+    }
+}
+
+/// A memory node of `bytes` on CUDA ordinal `dev` was added to `graph` (explicit construction).
+pub fn added_to_graph(graph: usize, dev: c_int, bytes: u64) {
+    let Ok(dev) = usize::try_from(dev) else {
+        return;
+    };
+    let before = table::take(Kind::GraphMem, graph as u64).map_or(0, |v| table::unpack(v).1);
+    table::insert(
+        Kind::GraphMem,
+        graph as u64,
+        table::pack(dev, before.saturating_add(bytes)),
+    );
+}
+
+/// `exec` was instantiated from `graph`.
+pub fn instantiated(exec: usize, graph: usize) {
+    if let Some(v) = table::get(Kind::GraphMem, graph as u64) {
+        table::insert(Kind::ExecMem, exec as u64, v);
+    }
+}
+
+/// Before launching `exec`: charge its graph's memory at its first launch. `Err`: refused.
+pub fn launching(exec: usize) -> Result<(), CUresult> {
+    if state::config().is_none() || table::get(Kind::ExecResident, exec as u64).is_some() {
+        return Ok(());
+    }
+    let Some(v) = table::get(Kind::ExecMem, exec as u64) else {
+        return Ok(());
+    };
+    let (dev, bytes) = table::unpack(v);
+    if let Some((cfg, a)) = enforce_dev(dev as c_int) {
+        if !charge(cfg, a, "cuGraphLaunch (graph memory)", bytes) {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        table::insert(Kind::ExecResident, exec as u64, table::pack(a.idx, bytes));
+    }
+    Ok(())
+}
+
+/// The launch [`launching`] admitted failed: the driver took nothing.
+pub fn launch_failed(exec: usize) {
+    if let (Some(cfg), Some(v)) = (
+        state::config(),
+        table::take(Kind::ExecResident, exec as u64),
+    ) {
+        let (idx, bytes) = table::unpack(v);
+        cfg.region.uncharge(idx, bytes);
+    }
+}
+
+/// `exec` was destroyed: its memory stays with the device's graph memory until a trim.
+pub fn exec_destroyed(exec: usize) {
+    table::take(Kind::ExecMem, exec as u64);
+    if let Some(v) = table::take(Kind::ExecResident, exec as u64) {
+        let (idx, bytes) = table::unpack(v);
+        if let Some(h) = table::GRAPH_HELD.get(idx) {
+            h.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+/// `graph` was destroyed (its instantiations keep what they hold).
+pub fn graph_destroyed(graph: usize) {
+    table::take(Kind::GraphMem, graph as u64);
+}
+
+/// The driver trimmed the graph memory of CUDA ordinal `dev`: destroyed instantiations' memory
+/// went back to the device.
+pub fn trimmed(dev: c_int) {
+    let Some((cfg, a)) = enforce_dev(dev) else {
+        return;
+    };
+    if let Some(h) = table::GRAPH_HELD.get(a.idx) {
+        let v = h.swap(0, Ordering::AcqRel);
+        if v != 0 {
+            cfg.region.uncharge(a.idx, v);
+        }
+    }
+}
