@@ -230,7 +230,13 @@ impl PlanHandler {
     /// The node's facts for a decision or a validation, with the scheduler dialects that vouch
     /// for other plugins' variables.
     fn node_facts(&self, inventory: Option<crate::inventory::Inventory>) -> NodeFacts {
-        NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory)
+        let mut facts = NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory);
+        // koordlet's env (NVIDIA_VISIBLE_DEVICES=<minors>, the unindexed HAMi-core limits)
+        // for what Koordinator granted.
+        facts
+            .dialects
+            .push(crate::allocation::koordinator::koordlet_env_agrees);
+        facts
     }
 
     /// The GPU-class majors: 195 and every `nvidia*` of `/proc/devices`, with the inventory's
@@ -719,6 +725,51 @@ mod tests {
         assert_eq!(facts.env_agrees("K", "minor-1", &decided), None);
         let no_gpu = Decided::default();
         assert_eq!(facts.env_agrees("K", "minor-0", &no_gpu), None);
+    }
+
+    /// One GPU (index 0) whose device minor is 3: koordlet's `NVIDIA_VISIBLE_DEVICES=3` names it,
+    /// an index reading of `3` names nothing.
+    fn one_gpu_minor_3(cfg: &Config) -> Result<Inventory, String> {
+        let mut inv = one_gpu(cfg)?;
+        inv.gpus[0].minor = 3;
+        Ok(inv)
+    }
+
+    #[test]
+    fn koordlets_visible_devices_for_koordinators_grant_pass_creation_and_validation() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu_minor_3);
+        h.validation_offered(true);
+        let koord = r#"{"gpu":[{"minor":3,"resources":{"koordinator.sh/gpu-memory":"1Gi","koordinator.sh/gpu-core":50}}]}"#;
+        let p = pod(&[(crate::allocation::koordinator::ALLOCATED, koord)]);
+        // koordlet's plugin (index 00) set the GPU's minor before gpufence: gpufence leaves it.
+        let adj = h
+            .create_container(&p, &ctr(&[], &["NVIDIA_VISIBLE_DEVICES=3"]))
+            .unwrap();
+        assert!(
+            !adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"),
+            "{adj:?}"
+        );
+        assert!(
+            adj.env
+                .iter()
+                .any(|e| e.key == "GPUFENCE_MEMORY_LIMIT_0" && e.value == (1u64 << 30).to_string()),
+            "{adj:?}"
+        );
+        use crate::api::Field;
+        use crate::validate::tests::with_env;
+        let koordlet = with_env(&[
+            ("NVIDIA_VISIBLE_DEVICES", "3"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", &(1u64 << 30).to_string()),
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+        ]);
+        let owned = [
+            (Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet"),
+            (Field::Env, "CUDA_DEVICE_MEMORY_LIMIT", "00-koordlet"),
+            (Field::Env, "CUDA_DEVICE_SM_LIMIT", "00-koordlet"),
+        ];
+        let req = validation("c1", &adj, koordlet, &owned);
+        h.validate_adjustment(&req, "90-gpufence").unwrap();
     }
 
     #[test]
