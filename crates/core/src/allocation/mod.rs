@@ -34,7 +34,7 @@ pub use error::{AllocationError, MAX_WHY};
 /// which gpufence's shim replaces.
 pub mod koordinator {
     pub use super::container_dialects::koordlet_env::{
-        koordlet_env_agrees, koordlet_nvd_agreed, neutralise_hami_core, without_hami_core,
+        koordlet_env_agrees, neutralise_hami_core, without_hami_core,
     };
     pub use super::pod_dialects::koordinator_pod::{
         ALLOCATED, GpuGrant, needs_admission, parse, parts, read,

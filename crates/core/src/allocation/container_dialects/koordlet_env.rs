@@ -166,23 +166,6 @@ pub fn koordlet_env_agrees(alloc: &Allocation, inv: &Inventory, key: &str, value
     }
 }
 
-/// koordlet's `NVIDIA_VISIBLE_DEVICES` as the allocation read it, where it agreed with the
-/// annotation (a `devices` source of the koordinator dialect from env): the container may keep
-/// it. Under NRI, where koordlet's plugin set it first, gpufence's adjustment setting the same
-/// variable again would make NRI refuse the container (two plugins may not set one key).
-pub fn koordlet_nvd_agreed(alloc: &Allocation) -> Option<&str> {
-    alloc
-        .sources
-        .iter()
-        .find(|s| {
-            s.dialect == Dialect::Koordinator
-                && s.origin == crate::allocation::Origin::Env
-                && s.facet == "devices"
-                && s.key == NVIDIA_VISIBLE_DEVICES
-        })
-        .map(|s| s.value.as_str())
-}
-
 /// Whether an `LD_PRELOAD` entry is HAMi-core's library (`…/libvgpu.so`, any version suffix).
 fn is_hami_core(entry: &str) -> bool {
     entry
