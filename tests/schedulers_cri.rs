@@ -18,7 +18,11 @@
 //!   `"admission"` exactly GPU 1 with 8 GiB and 50 %, also beside what koordlet adds
 //!   (`NVIDIA_VISIBLE_DEVICES=1`, the unindexed HAMi-core limits, `LD_PRELOAD` of libvgpu.so —
 //!   passed here as the container's env, where koordlet's NRI plugin would put it): the preload is
-//!   gone, gpufence's shim is in `/etc/ld.so.preload`; koordlet's env naming another GPU → refused.
+//!   gone, gpufence's shim is in `/etc/ld.so.preload`; koordlet's env naming another GPU → refused;
+//!   through `gpufence nri` with NRI's validation beside a stand-in for koordlet's NRI plugin:
+//!   its `NVIDIA_VISIBLE_DEVICES=1` kept and validated, and its HAMi-core injection (the pod's
+//!   label `koordinator.sh/gpu-isolation-provider=HAMi-core`) refused at creation in one line
+//!   naming that label.
 //!
 //! The trust mode is switched by rewriting the node's config: the handler reads it per
 //! container, `gpufence nri` is restarted on it.
@@ -40,6 +44,8 @@ const KOORDINATOR: &str = "scheduling.koordinator.sh/device-allocated";
 const VOLCANO: &str = "volcano.sh/vgpu-ids-new";
 const HAMI: &str = "hami.io/vgpu-devices-allocated";
 const HAMI_MIG: &str = "hami.io/vgpu-mig-allocations";
+/// The pod label for which koordlet injects HAMi-core.
+const HAMI_CORE_LABEL: (&str, &str) = ("koordinator.sh/gpu-isolation-provider", "HAMi-core");
 /// The MIG device HAMi's device plugin created for the MIG pods (GPU 2, instance 3: GI 10).
 const MIG_J: u32 = 3;
 
@@ -325,9 +331,9 @@ fn koordinator_admitted(py: &Path, c: &Containerd, w: &World, a: Applier) {
 /// validator's plugins): (engines, python, world, containerd's directory, its config).
 /// A stand-in for koordlet's NRI plugin (index 00, its `GPUEnvInject` hook): for a pod with
 /// Koordinator's annotation it sets `NVIDIA_VISIBLE_DEVICES=<minors>`, and where the pod carries
-/// `test.koordlet/hami-core` (koordlet reads the label `koordinator.sh/gpu-isolation-provider:
-/// HAMi-core`; the CRI client sets no labels) also the unindexed HAMi-core limits and the
-/// `LD_PRELOAD` of libvgpu.so, as `pkg/koordlet/runtimehooks/hooks/gpu/gpu.go` does.
+/// the label `koordinator.sh/gpu-isolation-provider: HAMi-core` also the unindexed HAMi-core
+/// limits and the `LD_PRELOAD` of libvgpu.so, as `pkg/koordlet/runtimehooks/hooks/gpu/gpu.go`
+/// does.
 struct Koordlet;
 
 impl Handler for Koordlet {
@@ -349,7 +355,7 @@ impl Handler for Koordlet {
             value: v,
         };
         let mut env = vec![kv("NVIDIA_VISIBLE_DEVICES", minors.join(","))];
-        if pod.annotations.contains_key("test.koordlet/hami-core") {
+        if pod.labels.get(HAMI_CORE_LABEL.0).map(String::as_str) == Some(HAMI_CORE_LABEL.1) {
             env.push(kv(
                 "CUDA_DEVICE_MEMORY_LIMIT",
                 first.memory.unwrap_or_default().to_string(),
@@ -382,11 +388,34 @@ fn koordinator_beside_koordlet(py: &Path, c: &Containerd, w: &World) {
         annotated(&[(KOORDINATOR, &v)]),
     );
     assert_fenced(&r, 1, (&gpu_uuid(1), "1"), &(8u64 << 30).to_string(), "50");
+    // Validated: containerd 2.3 asked gpufence nri about the merged adjustment, koordlet's
+    // variable included, and it passed.
+    let log = std::fs::read_to_string(&w.node.log).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("merged adjustment validated") && l.contains("koord-nri-pod")),
+        "no validation of koord-nri-pod in {}",
+        w.node.log.display()
+    );
     // koordlet's HAMi-core injection: its LD_PRELOAD is another plugin's variable, which
-    // gpufence cannot take back: the container never runs with it.
-    let req = annotated(&[(KOORDINATOR, &v), ("test.koordlet/hami-core", "true")]);
+    // gpufence cannot take back: refused at creation, naming the Koordinator setting to turn off.
+    let mut req = annotated(&[(KOORDINATOR, &v)]);
+    req["pod_labels"] = serde_json::json!({HAMI_CORE_LABEL.0: HAMI_CORE_LABEL.1});
     let r = pod(py, c, w, Applier::Nri, "koord-nri-hami-core-pod", req);
-    assert_refused(&r, &["LD_PRELOAD"]);
+    assert_refused(
+        &r,
+        &[
+            "LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces",
+            "remove its label koordinator.sh/gpu-isolation-provider=HAMi-core",
+        ],
+    );
+    assert!(
+        !r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("both tried to set"),
+        "{r}"
+    );
 }
 
 fn setup(name: &str, required: &[&str]) -> Option<(PathBuf, PathBuf, World, PathBuf, PathBuf)> {

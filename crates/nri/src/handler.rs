@@ -138,6 +138,12 @@ impl PlanHandler {
         );
         let plan = &intake.plan;
         crate::plan::log_decision(id, plan);
+        let sets_ld_preload = (plan.edits.env.iter().chain(&plan.env_overrides))
+            .any(|e| e.starts_with("LD_PRELOAD="));
+        if let Some(r) = super::validate::koordlet_hami_core(&pod.labels, &ctr.env, sets_ld_preload)
+        {
+            return Err((Reason::Spec, format!("container {id}: gpufence nri: {r}")));
+        }
         let mut decided = Decided {
             devices: plan
                 .allocation
@@ -770,6 +776,44 @@ mod tests {
         ];
         let req = validation("c1", &adj, koordlet, &owned);
         h.validate_adjustment(&req, "90-gpufence").unwrap();
+    }
+
+    #[test]
+    fn koordlets_hami_core_preload_is_refused_at_creation_naming_the_label() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu_minor_3);
+        let koord = r#"{"gpu":[{"minor":3,"resources":{"koordinator.sh/gpu-memory":"1Gi"}}]}"#;
+        let annotations = [(crate::allocation::koordinator::ALLOCATED, koord)];
+        let env = [
+            "NVIDIA_VISIBLE_DEVICES=3",
+            "LD_PRELOAD=/usr/local/vgpu/libvgpu.so",
+        ];
+        // koordlet's injection (the pod's label): gpufence setting LD_PRELOAD again would collide
+        // with koordlet's plugin; refused here in the validation's words.
+        let mut p = pod(&annotations);
+        p.labels.insert(
+            "koordinator.sh/gpu-isolation-provider".into(),
+            "HAMi-core".into(),
+        );
+        let err = h.create_container(&p, &ctr(&[], &env)).unwrap_err();
+        assert_eq!(
+            err,
+            "container c1: gpufence nri: koordlet (pod label \
+             koordinator.sh/gpu-isolation-provider=HAMi-core) added env \
+             LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces: turn off \
+             Koordinator's HAMi-core isolation for this pod (remove its label \
+             koordinator.sh/gpu-isolation-provider=HAMi-core): gpufence's shim enforces the \
+             quota in its place"
+        );
+        assert!(!dir.path().join("state/c1").exists());
+        // Without the label the preload is the image's: replaced by gpufence's value.
+        let adj = h
+            .create_container(&pod(&annotations), &ctr(&[], &env))
+            .unwrap();
+        let preload = adj.env.iter().find(|e| e.key == "LD_PRELOAD").unwrap();
+        assert!(!preload.value.contains("libvgpu"), "{adj:?}");
+        // The label on a pod whose env preloads no HAMi-core: nothing to replace, nothing refused.
+        h.create_container(&p, &ctr(&[], &env[..1])).unwrap();
     }
 
     #[test]

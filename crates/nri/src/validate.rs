@@ -50,6 +50,37 @@ pub const KOORDINATOR_HAMI_CORE: &str = "turn off Koordinator's HAMi-core isolat
      (remove its label koordinator.sh/gpu-isolation-provider=HAMi-core): gpufence's shim \
      enforces the quota in its place";
 
+/// Under NRI, for a container whose plan sets `LD_PRELOAD` (to replace HAMi-core's preload in its
+/// env, or `shim.inject = "env"`) while its env preloads HAMi-core: where the pod carries
+/// Koordinator's HAMi-core label, koordlet's plugin set that variable, and gpufence's adjustment
+/// setting it again would only make the runtime refuse the container naming two plugins (NRI
+/// lets no plugin rewrite another's variable). The refusal, at CreateContainer, names the setting
+/// to turn off, as the validation would. Without the label the preload is taken for the image's
+/// own, which gpufence's value replaces (another plugin's: the runtime refuses the collision).
+pub fn koordlet_hami_core(
+    labels: &BTreeMap<String, String>,
+    env: &[String],
+    plan_sets_ld_preload: bool,
+) -> Option<Refusal> {
+    use crate::allocation::koordinator::{
+        HAMI_CORE_PROVIDER, ISOLATION_PROVIDER, without_hami_core,
+    };
+    if !plan_sets_ld_preload
+        || labels.get(ISOLATION_PROVIDER).map(String::as_str) != Some(HAMI_CORE_PROVIDER)
+    {
+        return None;
+    }
+    let value = env
+        .iter()
+        .filter_map(|e| e.strip_prefix("LD_PRELOAD="))
+        .find(|v| without_hami_core(v).is_some())?;
+    Some(Refusal::Replaced {
+        by: format!("koordlet (pod label {ISOLATION_PROVIDER}={HAMI_CORE_PROVIDER})"),
+        what: format!("env LD_PRELOAD={} (HAMi-core)", shown(value)),
+        turn_off: KOORDINATOR_HAMI_CORE,
+    })
+}
+
 /// What gpufence decided for one container, kept from its CreateContainer to its validation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decided {

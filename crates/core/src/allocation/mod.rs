@@ -34,7 +34,8 @@ pub use error::{AllocationError, MAX_WHY};
 /// which gpufence's shim replaces.
 pub mod koordinator {
     pub use super::container_dialects::koordlet_env::{
-        koordlet_env_agrees, neutralise_hami_core, without_hami_core,
+        HAMI_CORE_PROVIDER, ISOLATION_PROVIDER, koordlet_env_agrees, neutralise_hami_core,
+        without_hami_core,
     };
     pub use super::pod_dialects::koordinator_pod::{
         ALLOCATED, GpuGrant, needs_admission, parse, parts, read,

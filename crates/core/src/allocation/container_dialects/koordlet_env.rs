@@ -166,6 +166,11 @@ pub fn koordlet_env_agrees(alloc: &Allocation, inv: &Inventory, key: &str, value
     }
 }
 
+/// The pod label koordlet reads to inject HAMi-core (with the value [`HAMI_CORE_PROVIDER`]).
+pub const ISOLATION_PROVIDER: &str = "koordinator.sh/gpu-isolation-provider";
+/// [`ISOLATION_PROVIDER`]'s value for HAMi-core.
+pub const HAMI_CORE_PROVIDER: &str = "HAMi-core";
+
 /// Whether an `LD_PRELOAD` entry is HAMi-core's library (`…/libvgpu.so`, any version suffix).
 fn is_hami_core(entry: &str) -> bool {
     entry
