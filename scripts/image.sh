@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make image`: the installer image, built offline from scratch with umoci (no base image, no
-# registry): gpufence, gpufence-runtime, the shim (glibc 2.17 build), the C libraries the two
+# registry): gpufence, gpufence-runtime, the shim (glibc 2.17 build), the C libraries the
 # binaries load (copied from the build machine), the hooks.d drop-ins, the Kubernetes
 # manifests, the default config and the CDI examples. Entrypoint `gpufence install`.
 #
@@ -44,8 +44,9 @@ install -d "$root/usr/share/gpufence/hooks" "$root/usr/share/gpufence/k8s" "$roo
 install -m 0644 hooks/*.json "$root/usr/share/gpufence/hooks/"
 install -m 0644 packaging/k8s/*.yaml "$root/usr/share/gpufence/k8s/"
 install -m 0644 cdi/*.json cdi/*.yaml "$root/usr/share/gpufence/cdi/"
-# The binaries are glibc-dynamic: their libraries and loader, from the build machine, at the
-# paths the binaries name.
+# gpufence is glibc-dynamic: its libraries and loader, from the build machine, at the paths it
+# names (`make build` links gpufence-runtime static: ldd lists nothing for it; a `cargo build`
+# one is dynamic and needs the same libraries).
 for lib in $(ldd "$BIN/gpufence" "$BIN/gpufence-runtime" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && NF > 1 {print $1}' | sort -u); do
   install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
 done
