@@ -1,6 +1,6 @@
-//! gpufence-runtime's own start-up (the entry: `#![no_main]`, no std runtime init; the slow path
-//! in the `gpufence` beside it, which the entry execs): what std's start-up did that matters
-//! still holds on both paths. Standard descriptors closed by the caller are opened on /dev/null
+//! gpufence-runtime's own start-up (the entry and the wrapper beside it that it execs, both
+//! `#![no_main]`, no std runtime init): what std's start-up did that matters still holds on
+//! both paths. Standard descriptors closed by the caller are opened on /dev/null
 //! before anything else (so no file the wrapper opens becomes stdout/stderr, and the real runtime
 //! inherits the placeholders), SIGPIPE is back at its default for the real runtime, argv passes
 //! through unchanged. No root needed: a pass-through subcommand execs the configured "runtime",
@@ -152,9 +152,9 @@ fn pass_through_follows_a_changed_configuration() {
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "state x\n");
     assert!(!record.exists(), "the first runtime ran again");
 
-    // runtime.path naming gpufence-runtime itself, or the `gpufence` it execs as its wrapper:
-    // refused, on every call.
-    for own in ["gpufence-runtime", "gpufence"] {
+    // runtime.path naming gpufence-runtime itself, or the wrapper it execs: refused, on every
+    // call.
+    for own in ["gpufence-runtime", "gpufence-runtime-wrapper"] {
         let me = common::bin(own);
         std::fs::write(
             &config,
@@ -173,11 +173,11 @@ fn pass_through_follows_a_changed_configuration() {
     }
 }
 
-/// The entry runs its wrapper from its own directory only: copied alone, without the `gpufence`
+/// The entry runs its wrapper from its own directory only: copied alone, without the wrapper
 /// beside it, it fails a call it cannot pass through, with one line naming the missing binary —
-/// even with a `gpufence` on PATH.
+/// even with a wrapper on PATH.
 #[test]
-fn the_entry_runs_only_the_gpufence_beside_it() {
+fn the_entry_runs_only_the_wrapper_beside_it() {
     let s = common::scratch("rt-start-alone");
     let (config, _record) = recording_runtime(&s);
     let alone = s.join("alone");
@@ -187,19 +187,32 @@ fn the_entry_runs_only_the_gpufence_beside_it() {
         alone.join("gpufence-runtime"),
     )
     .unwrap();
-    let on_path = common::bin("gpufence");
-    let out = Command::new(alone.join("gpufence-runtime"))
-        .env("GPUFENCE_CONFIG", &config)
-        .env("PATH", on_path.parent().unwrap())
-        .args(["create", "--bundle", "/nonexistent-bundle", "x"])
-        .output()
-        .unwrap();
+    let on_path = common::bin("gpufence-runtime-wrapper");
+    let run = || {
+        Command::new(alone.join("gpufence-runtime"))
+            .env("GPUFENCE_CONFIG", &config)
+            .env("PATH", on_path.parent().unwrap())
+            .args(["create", "--bundle", "/nonexistent-bundle", "x"])
+            .output()
+    };
+    // The copy's write descriptor may still be open in a child another test thread is forking
+    // (ETXTBSY until that child execs): retry for up to a second.
+    let mut tries = 0;
+    let out = loop {
+        match run() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!(
             "cannot run its wrapper {}",
-            alone.join("gpufence").display()
+            alone.join("gpufence-runtime-wrapper").display()
         )),
         "{err}"
     );

@@ -5,8 +5,8 @@
 //! target-feature=+crt-static` for this binary alone), it has no dynamic loader's work to do.
 //! A pass-through call (`start`, `state`, `kill`, … with a fresh record) execs the real runtime
 //! at once; everything else — `create`, `run`, `delete`, a record missing or stale — execs the
-//! wrapper, the `gpufence` binary beside this one (its own directory, never PATH), which runs
-//! it as `gpufence-runtime` (`crates/runc-wrapper/src/passthrough.rs`). `#![no_main]`: the C
+//! wrapper, `gpufence-runtime-wrapper` beside this one (its own directory, never PATH;
+//! `crates/runc-wrapper/src/passthrough.rs`). `#![no_main]`: the C
 //! `main` below replaces std's start-up (a read of `/proc/self/maps`, a signal stack), none of
 //! which an exec-only program needs; what the real runtime must inherit (fds 0–2, SIGPIPE at
 //! its default) is set on the way out.

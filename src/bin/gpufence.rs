@@ -48,11 +48,6 @@ enum Cmd {
 }
 
 fn main() {
-    // Exec'd by the static entry `gpufence-runtime` for the calls it does not pass through.
-    if gpufence::runtime::passthrough::invoked_as_wrapper(std::env::args_os().next().as_deref()) {
-        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        gpufence::exit::finish("gpufence-runtime", gpufence::runtime::main(args));
-    }
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     let r = match cli.cmd {

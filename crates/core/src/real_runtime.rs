@@ -1,6 +1,6 @@
 //! The real OCI runtime gpufence hands over to: `runtime.path`, else the first `runc` or `crun`
-//! on PATH — never gpufence-runtime itself, nor the `gpufence` beside it that runs its
-//! `create`/`run`/`delete` (an exec loop either way).
+//! on PATH — never gpufence-runtime itself, nor the `gpufence-runtime-wrapper` beside it that
+//! runs its `create`/`run`/`delete` (an exec loop either way).
 
 use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -18,7 +18,7 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
 }
 
 /// The binaries that together are gpufence-runtime: the running one, `gpufence-runtime` (the
-/// static entry) and `gpufence` (its wrapper) beside it, by device and inode.
+/// static entry) and `gpufence-runtime-wrapper` beside it, by device and inode.
 fn own_binaries() -> Vec<(u64, u64)> {
     let me = Path::new("/proc/self/exe");
     let mut ids: Vec<(u64, u64)> = file_id(me).into_iter().collect();
@@ -27,7 +27,7 @@ fn own_binaries() -> Vec<(u64, u64)> {
         .and_then(|p| p.parent().map(Path::to_path_buf))
     {
         ids.extend(
-            ["gpufence-runtime", "gpufence"]
+            ["gpufence-runtime", "gpufence-runtime-wrapper"]
                 .iter()
                 .filter_map(|n| file_id(&dir.join(n))),
         );

@@ -23,19 +23,12 @@ use std::path::{Path, PathBuf};
 use crate::config::{CONFIG_ENV, Config, DEFAULT_CONFIG_PATH};
 
 /// What the static entry `gpufence-runtime` execs for `create`, `run`, `delete` and a
-/// pass-through call without a fresh record: the `gpufence` binary beside it (the entry's own
-/// directory, read from `/proc/self/exe`; never found on PATH), with this as `argv[0]`, which
-/// makes `gpufence` run as the wrapper ([`invoked_as_wrapper`]).
-pub const WRAPPER_ARGV0: &CStr = c"gpufence-runtime";
+/// pass-through call without a fresh record: the wrapper binary beside it (the entry's own
+/// directory, read from `/proc/self/exe`; never found on PATH), with [`WRAPPER_ARGV0`].
+pub const WRAPPER_BINARY: &str = "gpufence-runtime-wrapper";
 
-/// The wrapper's binary, beside the entry.
-const WRAPPER_BINARY: &str = "gpufence";
-
-/// Whether this process is `gpufence` exec'd by the entry as the wrapper (`argv[0]` is
-/// [`WRAPPER_ARGV0`]).
-pub fn invoked_as_wrapper(argv0: Option<&OsStr>) -> bool {
-    argv0.is_some_and(|a| a.as_bytes() == WRAPPER_ARGV0.to_bytes())
-}
+/// The wrapper's `argv[0]`: the name the engine called.
+const WRAPPER_ARGV0: &CStr = c"gpufence-runtime";
 
 /// Where the records live: root's, on the node's tmpfs (gone at reboot, as the engine's state).
 pub const CACHE_DIR: &str = "/run/gpufence-runtime";
@@ -255,7 +248,7 @@ pub unsafe fn exec_unless_wrapped(argc: usize, argv: *const *const c_char) {
     unsafe { libc::execve(rt.as_ptr(), new_argv.as_ptr(), environ) };
 }
 
-/// Hand the call to the wrapper: exec `gpufence` from this binary's own directory with
+/// Hand the call to the wrapper: exec [`WRAPPER_BINARY`] from this binary's own directory with
 /// [`WRAPPER_ARGV0`] and the call's arguments. Returns only when that fails, with the exit code
 /// after one line on stderr naming the binary.
 ///
