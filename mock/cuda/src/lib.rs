@@ -42,6 +42,7 @@ mod devctx;
 mod driver;
 mod functions;
 mod graphmem;
+mod graphnodes;
 mod integrity;
 mod limits;
 mod memops;
@@ -1159,6 +1160,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         t.extend(exec::exports());
         t.extend(pools::exports());
         t.extend(graphmem::exports());
+        t.extend(graphnodes::exports());
         t.extend(memops::exports());
         t.extend(devctx::exports());
         t.extend(streams::exports());
