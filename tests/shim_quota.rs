@@ -364,6 +364,64 @@ fn graph_memory_counts_from_launch_until_trim() {
     );
 }
 
+/// Issue 33: every other way memory enters a CUDA graph counts as capture and
+/// `cuGraphAddMemAllocNode` do: a memory node added by the generic `cuGraphAddNode` (and its
+/// `_v2`), a clone of a graph with memory nodes, a child graph moved into its parent, an
+/// instantiation uploaded (`cuGraphUpload`, or `cuGraphInstantiateWithParams` with the upload
+/// flag: memory taken before any launch), and an instantiation updated to a graph with more
+/// memory (`cuGraphExecUpdate`, both versions). Parameters that would change a memory node
+/// afterwards are refused.
+#[test]
+fn every_way_memory_enters_a_graph_counts() {
+    on_every_path_with_100_mib(
+        "shim-graphways",
+        "graphaddnode 30M graphaddnode2 30M info graphclone 30M info graphaddnode 30M graphtrim \
+         graphchild 40M graphupload 40M info graphinstupload 30M graphaddnode2 30M graphtrim info \
+         graphupdate 20M 50M info graphupdate 20M 60M graphupdate1 10M 40M graphtrim \
+         graphchildclone 10M graphsetparams 90M info",
+        |mode, out| {
+            let q = (100 * MIB).to_string();
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            assert_eq!(
+                infos,
+                vec![
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {} {q}", 10 * MIB),
+                    format!("info {} {q}", 20 * MIB),
+                    format!("info {q} {q}"),
+                    // 20 MiB launched, updated to a graph of 50 MiB: 50 MiB held
+                    format!("info {} {q}", 50 * MIB),
+                    format!("info {q} {q}"),
+                ],
+                "{mode}: {out}"
+            );
+            for want in [
+                format!("graphaddnode {} ok", 30 * MIB),
+                format!("graphaddnode2 {} ok", 30 * MIB),
+                format!("graphclone {} ok", 30 * MIB),
+                // 90 MiB held by the three graphs: a fourth does not fit
+                format!("graphaddnode {} err 2", 30 * MIB),
+                format!("graphchild {} ok", 40 * MIB),
+                format!("graphupload {} ok", 40 * MIB),
+                // 80 MiB held by the launched child graph and the uploaded one
+                format!("graphinstupload {} err 2", 30 * MIB),
+                format!("graphaddnode2 {} err 2", 30 * MIB),
+                format!("graphupdate {} ok", 50 * MIB),
+                // 50 + 20 held; growing the second graph to 60 MiB needs 40 more: refused
+                format!("graphupdate {} err 2", 60 * MIB),
+                // 50 + 20 + 10 held; the v1 update to 40 MiB needs 30 more: refused
+                format!("graphupdate1 {} err 2", 40 * MIB),
+                // the driver refuses a cloned child with memory nodes, and new parameters for a
+                // memory node
+                format!("graphchildclone {} err 801", 10 * MIB),
+                format!("graphsetparams {} err 801", 90 * MIB),
+            ] {
+                assert!(out.contains(&want), "{mode}: {want}: {out}");
+            }
+        },
+    );
+}
+
 /// Issue 33: memory freed into a stream-ordered pool stays with the pool (the driver keeps it for
 /// the pool's next allocations), so it stays charged: until a synchronization gives back what
 /// the pool keeps above its release threshold (0 by default), or a trim. PyTorch's

@@ -5,6 +5,7 @@
 
 use std::ffi::{c_char, c_int};
 
+use crate::exports::cuda_graph::*;
 use crate::exports::cuda_launch::*;
 use crate::exports::cuda_memory::*;
 use crate::exports::nvml::*;
@@ -76,6 +77,18 @@ hooks!(
     cuGraphAddMemAllocNode,
     cuGraphDestroy,
     cuDeviceGraphMemTrim,
+    cuGraphAddNode,
+    cuGraphAddNode_v2,
+    cuGraphNodeSetParams,
+    cuGraphExecNodeSetParams,
+    cuGraphAddChildGraphNode,
+    cuGraphExecChildGraphNodeSetParams,
+    cuGraphClone,
+    cuGraphUpload,
+    cuGraphUpload_ptsz,
+    cuGraphExecUpdate,
+    cuGraphExecUpdate_v2,
+    cuCtxSynchronize_v2,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     nvmlDeviceGetMemoryInfo,

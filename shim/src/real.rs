@@ -297,6 +297,18 @@ reals! {
     cuGraphDestroy: Cuda c"cuGraphDestroy" fn(usize) -> c_int;
     cuDeviceGraphMemTrim: Cuda c"cuDeviceGraphMemTrim" fn(c_int) -> c_int;
     cuGraphLaunch_ptsz: Cuda c"cuGraphLaunch_ptsz" fn(usize, usize) -> c_int;
+    cuGraphAddNode: Cuda c"cuGraphAddNode" fn(*mut usize, usize, *const usize, usize, *mut crate::ffi::GraphNodeParams) -> c_int;
+    cuGraphAddNode_v2: Cuda c"cuGraphAddNode_v2" fn(*mut usize, usize, *const usize, *const c_void, usize, *mut crate::ffi::GraphNodeParams) -> c_int;
+    cuGraphNodeSetParams: Cuda c"cuGraphNodeSetParams" fn(usize, *mut crate::ffi::GraphNodeParams) -> c_int;
+    cuGraphExecNodeSetParams: Cuda c"cuGraphExecNodeSetParams" fn(usize, usize, *mut crate::ffi::GraphNodeParams) -> c_int;
+    cuGraphAddChildGraphNode: Cuda c"cuGraphAddChildGraphNode" fn(*mut usize, usize, *const usize, usize, usize) -> c_int;
+    cuGraphExecChildGraphNodeSetParams: Cuda c"cuGraphExecChildGraphNodeSetParams" fn(usize, usize, usize) -> c_int;
+    cuGraphClone: Cuda c"cuGraphClone" fn(*mut usize, usize) -> c_int;
+    cuGraphUpload: Cuda c"cuGraphUpload" fn(usize, usize) -> c_int;
+    cuGraphUpload_ptsz: Cuda c"cuGraphUpload_ptsz" fn(usize, usize) -> c_int;
+    cuGraphExecUpdate: Cuda c"cuGraphExecUpdate" fn(usize, usize, *mut usize, *mut c_int) -> c_int;
+    cuGraphExecUpdate_v2: Cuda c"cuGraphExecUpdate_v2" fn(usize, usize, *mut c_void) -> c_int;
+    cuCtxSynchronize_v2: Cuda c"cuCtxSynchronize_v2" fn(usize) -> c_int;
     cuStreamBeginCapture: Cuda c"cuStreamBeginCapture" fn(usize) -> c_int;
     cuStreamBeginCapture_ptsz: Cuda c"cuStreamBeginCapture_ptsz" fn(usize) -> c_int;
     cuStreamBeginCapture_v2: Cuda c"cuStreamBeginCapture_v2" fn(usize, c_int) -> c_int;
