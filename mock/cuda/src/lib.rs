@@ -17,7 +17,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -771,8 +771,39 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
             return CUDA_SUCCESS;
         }
         drop(refs);
+        let s = tri!(state());
+        let mut released = vmm_released();
+        if released.contains(&handle) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if vram::handle_mapped(handle) && vmm_allocation(s, handle).is_some() {
+            // the memory lives on while mapped; the last cuMemUnmap frees it
+            released.insert(handle);
+            return CUDA_SUCCESS;
+        }
+        drop(released);
         release(Kind::Vmm, handle)
     })
+}
+
+/// VMM handles released while still mapped: their memory lives until the last range mapped to
+/// them is unmapped, as the driver keeps it.
+static VMM_RELEASED: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+
+fn vmm_released() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
+    VMM_RELEASED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ranges were unmapped: the memory of released handles no longer mapped anywhere goes back.
+fn unmapped(gone: &[vram::Region]) {
+    for r in gone {
+        if r.kind != vram::RegionKind::Mapped || vram::handle_mapped(r.pool) {
+            continue;
+        }
+        if vmm_released().remove(&r.pool) {
+            release(Kind::Vmm, r.pool);
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -802,7 +833,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         tri!(state());
-        tri!(vram::unreserve(ptr, size as u64));
+        unmapped(&tri!(vram::unreserve(ptr, size as u64)));
         CUDA_SUCCESS
     })
 }
@@ -817,7 +848,7 @@ pub extern "C" fn cuMemMap(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        let alloc = vmm_allocation(s, handle);
+        let alloc = vmm_allocation(s, handle).filter(|_| !vmm_released().contains(&handle));
         let Some((dev, bytes)) = alloc else {
             return CUDA_ERROR_INVALID_HANDLE;
         };
@@ -901,8 +932,9 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         if !vram::reserved_covers(ptr, size as u64) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        vram::forget_range(ptr, size as u64);
+        let gone = vram::forget_range(ptr, size as u64);
         tri!(vram::remap_fixed(ptr, size as u64, libc::PROT_NONE));
+        unmapped(&gone);
         CUDA_SUCCESS
     })
 }
