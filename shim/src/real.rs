@@ -264,6 +264,10 @@ reals! {
     cuMemFreeAsync_ptsz: Cuda c"cuMemFreeAsync_ptsz" fn(u64, usize) -> c_int;
     cuMemCreate: Cuda c"cuMemCreate" fn(*mut u64, usize, *const PropHead, u64) -> c_int;
     cuMemRelease: Cuda c"cuMemRelease" fn(u64) -> c_int;
+    cuMemMap: Cuda c"cuMemMap" fn(u64, usize, usize, u64, u64) -> c_int;
+    cuMemUnmap: Cuda c"cuMemUnmap" fn(u64, usize) -> c_int;
+    cuMemAddressFree: Cuda c"cuMemAddressFree" fn(u64, usize) -> c_int;
+    cuMemRetainAllocationHandle: Cuda c"cuMemRetainAllocationHandle" fn(*mut u64, u64) -> c_int;
     cuArrayCreate_v2: Cuda c"cuArrayCreate_v2" fn(*mut usize, *const ArrayDesc) -> c_int;
     cuArray3DCreate_v2: Cuda c"cuArray3DCreate_v2" fn(*mut usize, *const Array3dDesc) -> c_int;
     cuMipmappedArrayCreate: Cuda c"cuMipmappedArrayCreate" fn(*mut usize, *const Array3dDesc, c_uint) -> c_int;

@@ -31,6 +31,17 @@ pub enum Kind {
     ExecResident = 8,
     /// stream-ordered allocation → the pool it came from (its free goes back to the pool)
     AllocPool = 9,
+    /// start of a range mapped with `cuMemMap` → the VMM handle mapped there
+    MapHandle = 10,
+    /// start of a range mapped with `cuMemMap` → its length
+    MapLen = 11,
+    /// VMM handle → how many ranges map it
+    VmmMaps = 12,
+    /// VMM handle → references `cuMemRetainAllocationHandle` added
+    VmmRetains = 13,
+    /// VMM handle released while mapped → its charge (quota device, bytes), released with the
+    /// last mapping
+    VmmReleased = 14,
 }
 
 #[repr(C)]

@@ -16,7 +16,7 @@ use crate::ffi::{
 };
 use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
-use crate::{cores, graphmem, poolmem, real, state};
+use crate::{cores, graphmem, poolmem, real, state, vmmmem};
 
 // Linear memory
 
@@ -492,7 +492,59 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
         // SAFETY: `f` is the driver's own cuMemRelease (dlsym'd, non-null, transmuted to its exact
         // C signature); the application's arguments go through unchanged under the CUDA caller
         // contract.
-        released(Kind::Vmm, handle, || unsafe { f(handle) })
+        vmmmem::release(handle, || unsafe { f(handle) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: u64,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemMap);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(ptr, size, offset, handle, flags) };
+        if r == CUDA_SUCCESS {
+            vmmmem::mapped(ptr, size as u64, handle);
+        }
+        r
+    })
+}
+
+macro_rules! unmapping {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(ptr: u64, size: usize) -> CUresult {
+            guard(|| {
+                let f = real_or!($name);
+                // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+                let r = unsafe { f(ptr, size) };
+                if r == CUDA_SUCCESS {
+                    vmmmem::unmapped(ptr, size as u64);
+                }
+                r
+            })
+        }
+    };
+}
+unmapping!(cuMemUnmap);
+unmapping!(cuMemAddressFree);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: u64) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemRetainAllocationHandle);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(handle, addr) };
+        if r == CUDA_SUCCESS && !handle.is_null() {
+            // SAFETY: the driver succeeded, so it wrote the caller's handle slot.
+            vmmmem::retained(unsafe { handle.read() });
+        }
+        r
     })
 }
 
