@@ -246,11 +246,6 @@ unsupported! {
         cuTensorMapEncodeIm2col,
         cuTensorMapReplaceAddress,
     ]
-    /// export and import of VMM handles as file descriptors (IPC of expandable segments)
-    [
-        cuMemExportToShareableHandle,
-        cuMemImportFromShareableHandle,
-    ]
     /// pool export and import (IPC of pools)
     [
         cuMemPoolExportPointer,
