@@ -575,6 +575,25 @@ fn memory_a_pool_keeps_stays_charged_until_released() {
     );
 }
 
+/// `cuMemAllocAsync` takes from the device's current pool: after `cuDeviceSetMemPool` what a
+/// free keeps is the new pool's, which a trim of the default pool does not give back.
+#[test]
+fn stream_ordered_memory_follows_the_current_pool() {
+    on_every_path_with_100_mib(
+        "shim-setpool",
+        "asyncfree 10M pooltrim info setpool asyncfree 60M pooltrim info",
+        |mode, out| {
+            let q = (100 * MIB).to_string();
+            assert!(out.contains("setpool ok"), "{mode}: {out}");
+            assert_eq!(
+                lines(out, "info"),
+                vec![format!("info {q} {q}"), format!("info {} {q}", 40 * MIB)],
+                "{mode}: {out}"
+            );
+        },
+    );
+}
+
 /// Run the client with `args` (words; `NNM`: NN MiB) on every path to the driver, each under its own
 /// 100 MiB quota, and `check(mode, output)`.
 fn on_every_path_with_100_mib(name: &str, args: &str, check: impl Fn(&str, &str)) {

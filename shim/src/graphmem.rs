@@ -22,10 +22,10 @@
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use crate::enforce::{charge, enforce_dev};
-use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
+use crate::enforce::{charge, current_ordinal, enforce_dev};
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUresult};
+use crate::state;
 use crate::table::{self, Kind};
-use crate::{real, state};
 
 /// Key of a capturing stream (the per-thread default stream apart from the legacy one).
 fn stream_key(stream: usize, ptsz: bool) -> u64 {
@@ -34,13 +34,6 @@ fn stream_key(stream: usize, ptsz: bool) -> u64 {
     } else {
         stream as u64
     }
-}
-
-fn current_ordinal() -> Option<c_int> {
-    let get = real::cuCtxGetDevice()?;
-    let mut d: c_int = 0;
-    // SAFETY: real driver call with a valid out-pointer.
-    (unsafe { get(&mut d) } == CUDA_SUCCESS).then_some(d)
 }
 
 /// A captured stream-ordered allocation of `bytes` succeeded on `stream`.

@@ -40,6 +40,8 @@ hooks!(
     cuMemPoolDestroy,
     cuDeviceGetDefaultMemPool,
     cuDeviceGetMemPool,
+    cuDeviceSetMemPool,
+    cuDevicePrimaryCtxReset_v2,
     cuMemCreate,
     cuMemRelease,
     cuMemMap,

@@ -8,7 +8,8 @@ use std::ffi::{c_int, c_uint};
 
 use super::{guard, real_or};
 use crate::enforce::{
-    charge, charged, enforce_current, enforce_dev, enforce_pool, read_ptr, released, slice,
+    charge, charged, current_ordinal, enforce_current, enforce_dev, enforce_pool, read_ptr,
+    released, slice,
 };
 use crate::ffi::{
     ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
@@ -185,16 +186,16 @@ fn stream_ordered(
     r
 }
 
-/// The pool `cuMemAllocAsync` takes from: the current device's current pool (0: unknown).
-fn current_pool() -> u64 {
-    let (Some(dev), Some(get)) = (real::cuCtxGetDevice(), real::cuDeviceGetMemPool()) else {
-        return 0;
+/// Enforcement for the current context's device, and the pool `cuMemAllocAsync` takes from
+/// there: the device's current pool (0: unknown; asked of the driver only when enforcing).
+fn enforce_current_pool() -> (Option<(&'static Config, Acct)>, u64) {
+    let Some(d) = state::config().and_then(|_| current_ordinal()) else {
+        return (None, 0);
     };
-    let mut d: c_int = 0;
-    let mut p: usize = 0;
-    // SAFETY: real driver calls with valid out-pointers.
-    let ok = unsafe { dev(&mut d) == CUDA_SUCCESS && get(&mut p, d) == CUDA_SUCCESS };
-    if ok { p as u64 } else { 0 }
+    match enforce_dev(d) {
+        Some(e) => (Some(e), poolmem::current_pool(d)),
+        None => (None, 0),
+    }
 }
 
 /// A stream-ordered free: an allocation of a pool goes back to the pool, still charged
@@ -225,11 +226,12 @@ fn stream_ordered_free(dptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync);
+        let (e, pool) = enforce_current_pool();
         stream_ordered(
-            enforce_current(),
+            e,
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, false, current_pool()),
+            (stream, false, pool),
             // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
             // exact C signature); the application's arguments go through unchanged under the CUDA
             // caller contract.
@@ -249,11 +251,12 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync_ptsz);
+        let (e, pool) = enforce_current_pool();
         stream_ordered(
-            enforce_current(),
+            e,
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, true, current_pool()),
+            (stream, true, pool),
             // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
             // to its exact C signature); the application's arguments go through unchanged under the
             // CUDA caller contract.
@@ -377,6 +380,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
         if r == CUDA_SUCCESS && state::config().is_some() {
             let _ = table::take(Kind::Pool, pool as u64);
             poolmem::destroyed(pool as u64);
+            poolmem::current_gone(pool as u64);
         }
         r
     })
@@ -407,6 +411,37 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUr
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
+            // SAFETY: the driver succeeded, so `pool` (checked non-null) holds the pool.
+            if let Some(p) = unsafe { pool.as_ref() } {
+                poolmem::set_current(dev, *p as u64);
+            }
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: usize) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuDeviceSetMemPool);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(dev, pool) };
+        if r == CUDA_SUCCESS {
+            poolmem::set_current(dev, pool as u64);
+        }
+        r
+    })
+}
+
+/// A reset primary context may come back with the default pool current: asked again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuDevicePrimaryCtxReset_v2);
+        // SAFETY: the caller's argument, unchanged, to the driver's own function.
+        let r = unsafe { f(dev) };
+        if r == CUDA_SUCCESS {
+            poolmem::set_current(dev, 0);
         }
         r
     })
