@@ -63,6 +63,7 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
                     | "cuIpcGetMemHandle"
                     | "cuIpcOpenMemHandle_v2"
                     | "cuIpcCloseMemHandle"
+                    | "cuMemExportToShareableHandle"
             );
             if wrapped {
                 assert_eq!(f[2], "libgpufence.so", "{mode}: {l}");
@@ -444,6 +445,7 @@ const DEVICE_MEMORY_PATHS: &[(&str, &str, &str)] = &[
     ("vmm", "40M", "30M"),                     // cuMemCreate
     ("vmmmapped", "40M", "30M"),               // cuMemCreate, mapped, handle released at once
     ("vmmretained", "40M", "30M"),             // cuMemRetainAllocationHandle's reference released
+    ("vmmimport", "40M", "30M"),               // cuMemImportFromShareableHandle, then mapped
     ("array", "2048 1280", "2048 960"),        // cuArrayCreate_v2 (float4)
     ("array3d", "128 128 160", "128 128 120"), // cuArray3DCreate_v2
     ("mipmap", "2048 1280 1", "2048 960 1"),   // cuMipmappedArrayCreate

@@ -28,6 +28,13 @@ pub struct PropHead {
     pub location_id: c_int,
 }
 
+/// `CUmemAllocationProp` whole (32 bytes): what `cuMemGetAllocationPropertiesFromHandle` writes.
+#[repr(C)]
+pub struct AllocationProp {
+    pub head: PropHead,
+    pub rest: [u64; 2],
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR`
 #[repr(C)]
 pub struct ArrayDesc {

@@ -48,6 +48,7 @@ hooks!(
     cuMemUnmap,
     cuMemAddressFree,
     cuMemRetainAllocationHandle,
+    cuMemImportFromShareableHandle,
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuMipmappedArrayCreate,

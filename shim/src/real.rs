@@ -268,6 +268,8 @@ reals! {
     cuMemUnmap: Cuda c"cuMemUnmap" fn(u64, usize) -> c_int;
     cuMemAddressFree: Cuda c"cuMemAddressFree" fn(u64, usize) -> c_int;
     cuMemRetainAllocationHandle: Cuda c"cuMemRetainAllocationHandle" fn(*mut u64, u64) -> c_int;
+    cuMemImportFromShareableHandle: Cuda c"cuMemImportFromShareableHandle" fn(*mut u64, *mut c_void, c_int) -> c_int;
+    cuMemGetAllocationPropertiesFromHandle: Cuda c"cuMemGetAllocationPropertiesFromHandle" fn(*mut crate::ffi::AllocationProp, u64) -> c_int;
     cuArrayCreate_v2: Cuda c"cuArrayCreate_v2" fn(*mut usize, *const ArrayDesc) -> c_int;
     cuArray3DCreate_v2: Cuda c"cuArray3DCreate_v2" fn(*mut usize, *const Array3dDesc) -> c_int;
     cuMipmappedArrayCreate: Cuda c"cuMipmappedArrayCreate" fn(*mut usize, *const Array3dDesc, c_uint) -> c_int;

@@ -42,6 +42,12 @@ pub enum Kind {
     /// VMM handle released while mapped → its charge (quota device, bytes), released with the
     /// last mapping
     VmmReleased = 14,
+    /// VMM handle imported from a shareable handle → its CUDA ordinal + 1 (nothing charged:
+    /// its mappings are)
+    VmmImported = 15,
+    /// start of a range mapped to an imported handle → what the mapping was charged (quota
+    /// device, bytes)
+    MapCharge = 16,
 }
 
 #[repr(C)]
@@ -101,8 +107,9 @@ fn table() -> Option<&'static [Entry]> {
     Some(unsafe { std::slice::from_raw_parts(p, CAP) })
 }
 
+/// The kind in the top 5 bits, the handle in the rest (handles are addresses or small numbers).
 fn key(kind: Kind, handle: u64) -> u64 {
-    (handle & ((1 << 60) - 1)) | ((kind as u64) << 60)
+    (handle & ((1 << 59) - 1)) | ((kind as u64) << 59)
 }
 
 /// First slot for a key. Handles close together (within CAP × 512 bytes = 128 MiB) land in

@@ -11,10 +11,20 @@
 //!   is unmapped (`cuMemUnmap`, or `cuMemAddressFree` of the reservation holding them);
 //! - otherwise it releases the charge, as before.
 //!
-//! Entries live in the handle table (`table`): range start → handle and length, handle → ranges
-//! and retains, released handle → its charge.
+//! A handle imported from another handle's export (`cuMemImportFromShareableHandle`: PyTorch's
+//! IPC of expandable segments) keeps the memory alive too, whatever its exporter does: each range
+//! mapped to it is charged (refused past the quota, before the driver maps it) until unmapped.
+//! Its size is not known before it is mapped; an imported handle never mapped is not charged.
+//! When exporter and importer are processes of the same container, the memory is counted twice
+//! while both hold it (fail closed).
+//!
+//! Entries live in the handle table (`table`): range start → handle, length and (imported) its
+//! charge, handle → ranges, retains and (imported) its device, released handle → its charge.
 
-use crate::ffi::{CUDA_SUCCESS, CUresult};
+use std::ffi::c_int;
+
+use crate::enforce::{charge, enforce_dev};
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
 use crate::state;
 use crate::table::{self, Kind};
 
@@ -29,13 +39,50 @@ fn count(kind: Kind, handle: u64, delta: i64) -> u64 {
     n
 }
 
-/// `[ptr, ptr + len)` was mapped to `handle`.
-pub fn mapped(ptr: u64, len: u64, handle: u64) {
+/// `handle` was imported; its memory lives on CUDA ordinal `dev`.
+pub fn imported(handle: u64, dev: c_int) {
+    if state::config().is_some()
+        && let Ok(d) = u64::try_from(dev)
+    {
+        table::insert(Kind::VmmImported, handle, d + 1);
+    }
+}
+
+/// Before mapping `len` bytes of `handle`: a mapping of an imported handle is charged now (the
+/// quota device and bytes). `Err`: refused.
+pub fn mapping(handle: u64, len: u64) -> Result<Option<(usize, u64)>, CUresult> {
     if state::config().is_none() {
+        return Ok(None);
+    }
+    let Some(dev) = table::get(Kind::VmmImported, handle) else {
+        return Ok(None);
+    };
+    let Some((cfg, a)) = enforce_dev((dev - 1) as c_int) else {
+        return Ok(None);
+    };
+    if !charge(cfg, a, "cuMemMap (imported handle)", len) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(Some((a.idx, len)))
+}
+
+/// `cuMemMap` of `[ptr, ptr + len)` to `handle` returned (`ok`); `charged` is what [`mapping`]
+/// charged.
+pub fn mapped(ptr: u64, len: u64, handle: u64, charged: Option<(usize, u64)>, ok: bool) {
+    let Some(cfg) = state::config() else {
+        return;
+    };
+    if !ok {
+        if let Some((idx, bytes)) = charged {
+            cfg.region.uncharge(idx, bytes);
+        }
         return;
     }
     table::insert(Kind::MapHandle, ptr, handle);
     table::insert(Kind::MapLen, ptr, len);
+    if let Some((idx, bytes)) = charged {
+        table::insert(Kind::MapCharge, ptr, table::pack(idx, bytes));
+    }
     count(Kind::VmmMaps, handle, 1);
 }
 
@@ -61,6 +108,9 @@ pub fn release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     }
     let taken = table::take(Kind::Vmm, handle);
     let r = call();
+    if r == CUDA_SUCCESS {
+        table::take(Kind::VmmImported, handle);
+    }
     match taken {
         Some(v) if r != CUDA_SUCCESS => {
             table::insert(Kind::Vmm, handle, v);
@@ -93,6 +143,10 @@ pub fn unmapped(ptr: u64, len: u64) {
         ) else {
             break;
         };
+        if let Some(v) = table::take(Kind::MapCharge, at) {
+            let (d, b) = table::unpack(v);
+            cfg.region.uncharge(d, b);
+        }
         if count(Kind::VmmMaps, handle, -1) == 0
             && let Some(v) = table::take(Kind::VmmReleased, handle)
         {

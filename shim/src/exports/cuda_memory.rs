@@ -4,7 +4,7 @@
 //! `cuDeviceTotalMem` report the container's slice of the device. Stream-ordered allocations
 //! made while a stream captures belong to the graph (`graphmem`).
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 
 use super::{guard, real_or};
 use crate::enforce::{
@@ -12,8 +12,8 @@ use crate::enforce::{
     released, slice,
 };
 use crate::ffi::{
-    ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
-    LOCATION_DEVICE, PropHead,
+    ATTACH_GLOBAL, AllocationProp, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    CUresult, LOCATION_DEVICE, PropHead,
 };
 use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
@@ -541,11 +541,13 @@ pub unsafe extern "C" fn cuMemMap(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemMap);
+        let charged = match vmmmem::mapping(handle, size as u64) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         // SAFETY: the caller's arguments, unchanged, to the driver's own function.
         let r = unsafe { f(ptr, size, offset, handle, flags) };
-        if r == CUDA_SUCCESS {
-            vmmmem::mapped(ptr, size as u64, handle);
-        }
+        vmmmem::mapped(ptr, size as u64, handle, charged, r == CUDA_SUCCESS);
         r
     })
 }
@@ -568,6 +570,46 @@ macro_rules! unmapping {
 }
 unmapping!(cuMemUnmap);
 unmapping!(cuMemAddressFree);
+
+/// An imported handle: its mappings are charged (`vmmmem`), on the device the driver names.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemImportFromShareableHandle);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(handle, os_handle, handle_type) };
+        if r != CUDA_SUCCESS || handle.is_null() || state::config().is_none() {
+            return r;
+        }
+        // SAFETY: the driver succeeded, so it wrote the caller's handle slot.
+        let h = unsafe { handle.read() };
+        let mut prop = AllocationProp {
+            head: PropHead {
+                alloc_type: 0,
+                handle_types: 0,
+                location_type: 0,
+                location_id: 0,
+            },
+            rest: [0; 2],
+        };
+        let dev = match real::cuMemGetAllocationPropertiesFromHandle() {
+            // SAFETY: the driver's own function, a whole CUmemAllocationProp to write.
+            Some(get) if unsafe { get(&mut prop, h) } == CUDA_SUCCESS => {
+                (prop.head.location_type == LOCATION_DEVICE).then_some(prop.head.location_id)
+            }
+            // the driver cannot say: the current device's (fail closed)
+            _ => current_ordinal(),
+        };
+        if let Some(d) = dev {
+            vmmmem::imported(h, d);
+        }
+        r
+    })
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: u64) -> CUresult {
