@@ -10,13 +10,24 @@
 #   nri-nogpu the same containerd with the plugin, no GPU (the plugin's round trip alone)
 #   handler/nri (DRA CDI device)  GPU 1 as a CDI device containerd resolves from a per-claim spec
 #             (CRI CDIDevices, as kubelet passes a DRA claim's ids), 1Gi: a device-borne grant
+#   handler (no GPU)  the `gpufence` handler for a pod without a GPU (its pass-through calls and
+#             a create that finds nothing to do)
+#   cdi only  GPU 1 through `gpufence cdi generate`'s spec on the plain runc handler, no gpufence
+#             in the pod's path: the driver edits NVIDIA's NRI plugin makes with that spec (the
+#             same driver folders and device nodes; its CreateContainer round trip, < 1 ms, is
+#             the `nri (no GPU)` arm's) — what gpufence's own edits (the shim, `ld.so.preload`,
+#             the state tmpfs and quota) are measured against
+# Then, in the same run, the pass-through call (`list`: what start, state, kill cost the
+# handler) interleaved three ways: runc, a static C program that only execve()s runc (the
+# floor of any wrapper, built here), and gpufence-runtime.
 # Two containerds because a connected plugin sees every container of its runtime. Then the
 # create path alone: `gpufence nri`'s decision (CreateContainer → adjustment) from the plugin's
 # log, and whether any gpufence process runs per container (the ld-cache hook, with
 # runtime.driver-layout = "files" only).
 #
 # Usage (root): benches/cri_appliers.sh [RUNS]   (default 15; BIN_DIR as benches/runtime.sh;
-# PY, default target/venv/bin/python; DRIVER_LAYOUT=files|folders as benches/node_config.py). The GPU pods carry `gpufence.dev/devices: 1` with
+# PY, default target/venv/bin/python; DRIVER_LAYOUT=files|folders as benches/node_config.py;
+# PASS_CALLS, default 40 × RUNS). The GPU pods carry `gpufence.dev/devices: 1` with
 # `allocation.trust-annotations = true` (no kubelet here to record them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +41,7 @@ ENGINES_DIR=${ENGINES_DIR:-$(cd ../shared/engines/bin 2>/dev/null && pwd || true
 E=$ENGINES_DIR
 [ "$(id -u)" = 0 ] || { echo "appliers bench: needs root" >&2; exit 1; }
 [ -x "$E/containerd" ] && [ -x "$E/runc" ] || { echo "appliers bench: no engines (ENGINES_DIR)" >&2; exit 1; }
-for c in umoci tar; do command -v "$c" >/dev/null || { echo "appliers bench: $c missing" >&2; exit 1; }; done
+for c in umoci tar cc; do command -v "$c" >/dev/null || { echo "appliers bench: $c missing" >&2; exit 1; }; done
 "$PY" -c 'import cri_api.v1.api_pb2, grpc' || { echo "appliers bench: $PY lacks cri_api/grpc (make deps)" >&2; exit 1; }
 export PATH="$E:$PATH"
 
@@ -58,6 +69,11 @@ JSON
 chmod 0644 "$S/cdi/claim.json"
 printf '[cdi]\nspec-dirs = ["%s"]\n' "$S/cdi" >>"$CFG"
 export GPUFENCE_CONFIG=$CFG
+# gpufence's CDI spec of this node (driver folders prepared), read by the containerds only: the
+# "cdi only" arm's devices.
+mkdir -p "$S/cdi-node"
+"$BIN_DIR/gpufence" cdi generate --output "$S/cdi-node/gpufence.json" 2>/dev/null
+CDI_KIND=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kind"])' "$S/cdi-node/gpufence.json")
 
 # A private containerd 2.3 config (version 4) under $1, NRI socket $1/nri.sock.
 config() {
@@ -77,7 +93,7 @@ config() {
     -e "s|socket_dir = ''|socket_dir = '$d/s'|" \
     -e "s|snapshotter = 'overlayfs'|snapshotter = 'native'|" \
     -e "s|restrict_oom_score_adj = false|restrict_oom_score_adj = true|" \
-    -e "s|cdi_spec_dirs = .*|cdi_spec_dirs = ['$S/cdi']|" \
+    -e "s|cdi_spec_dirs = .*|cdi_spec_dirs = ['$S/cdi', '$S/cdi-node']|" \
     -e "s|sandbox = '.*'|sandbox = 'localhost/pause:test'|" >"$d/config.toml"
 }
 start() {
@@ -113,11 +129,49 @@ done
 
 GPU='{"gpufence.dev/devices": "1", "gpufence.dev/memory": "1Gi"}'
 DRA='{"gpufence.dev/memory": "1Gi", "cdi_devices": ["k8s.gpu.nvidia.com/claim=bench-gpu-1"]}'
+CDI_ONLY="{\"cdi_devices\": [\"$CDI_KIND=1\"]}"
 echo "appliers bench: pod start through containerd $("$E/containerd" --version | awk '{print $3}') + $("$E/runc" --version | head -1), $RUNS interleaved pods per arm ($BIN_DIR)"
 "$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
   "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
   "nri (no GPU):runc@$B/containerd.sock" "handler (DRA CDI device):gpufence=$DRA" \
-  "nri (DRA CDI device):runc@$B/containerd.sock=$DRA"
+  "nri (DRA CDI device):runc@$B/containerd.sock=$DRA" "handler (no GPU):gpufence" \
+  "cdi only (gpufence's CDI spec, no gpufence):runc=$CDI_ONLY"
+
+# The pass-through call, same run: runc, the execve floor, gpufence-runtime, interleaved.
+cat >"$S/floor.c" <<C
+#include <unistd.h>
+extern char **environ;
+int main(int argc, char **argv) { (void)argc; argv[0] = "$E/runc"; execve(argv[0], argv, environ); return 127; }
+C
+cc -O2 -static -o "$S/execve-floor" "$S/floor.c"
+echo "pass-through call (\`list\`), $((${PASS_CALLS:-40 * RUNS})) interleaved calls per arm, paired against runc:"
+mkdir -p "$S/passroot"
+python3 - "$((${PASS_CALLS:-40 * RUNS}))" "$S/passroot" "$E/runc" "$S/execve-floor" "$BIN_DIR/gpufence-runtime" <<'PY'
+import os, statistics as st, sys, time
+n, root, arms = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+names = ["runc", "execve floor (static C)", "gpufence-runtime"]
+null = os.open(os.devnull, os.O_WRONLY)
+def call(exe):
+    t = time.perf_counter()
+    pid = os.posix_spawn(exe, [exe, "--root", root, "list"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, null, 1)])
+    _, status = os.waitpid(pid, 0)
+    if status:
+        sys.exit(f"{exe} list: exit status {status}")
+    return (time.perf_counter() - t) * 1000
+for exe in arms:
+    call(exe)
+times = [[], [], []]
+for _ in range(n):
+    for i, exe in enumerate(arms):
+        times[i].append(call(exe))
+for name, xs in zip(names, times):
+    q = st.quantiles(xs, n=4)
+    d = st.median([x - b for x, b in zip(xs, times[0])])
+    r = st.median([x / b for x, b in zip(xs, times[0])])
+    print(f"  {name:26s} median {st.median(xs):6.3f} ms (IQR {q[0]:.3f}-{q[2]:.3f}), paired {d:+.3f} ms, ratio {r:.3f}")
+d = st.median([g - f for g, f in zip(times[2], times[1])])
+print(f"  gpufence-runtime over the execve floor, paired: {d:+.3f} ms")
+PY
 echo "create path alone (gpufence-runtime in the handler arm, from start to the exec of runc; GPUFENCE_PHASES):"
 python3 - "$S/state/phases.txt" <<'PY'
 import statistics as st, sys
@@ -126,7 +180,7 @@ for l in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else []:
     f = dict(kv.split("=", 1) for kv in l.split()[1:] if "=" in kv)
     if "main_at" in f and "exec_at" in f:
         rows.append(("folders" in f, (int(f["exec_at"]) - int(f["main_at"])) / 1000, int(f.get("cpu", 0)) / 1000))
-for gpu, what in ((True, "GPU container"), (False, "pod sandbox")):
+for gpu, what in ((True, "GPU container"), (False, "pod sandbox or no-GPU container")):
     r = [x for x in rows if x[0] == gpu]
     if r:
         print(f"  {what}: {st.median(x[1] for x in r):.2f} ms in the wrapper (cpu {st.median(x[2] for x in r):.2f} ms), {len(r)} creates")

@@ -452,7 +452,7 @@ fn no_allocation_grants_nothing() {
 #[test]
 fn container_ids_that_name_node_wide_state_files_get_no_gpu() {
     let s = spec(&[("gpufence.dev/devices", "0")], &[]);
-    for id in ["ld.so.preload", "inventory.json", ".hidden"] {
+    for id in ["ld.so.preload", "ld-facts", "inventory.json", ".hidden"] {
         let e = plan(&s, id, &inventory(), &config(), &[]).unwrap_err();
         assert_eq!(e.key, "container id", "{id}: {e}");
         assert!(e.to_string().contains("reserved"), "{e}");

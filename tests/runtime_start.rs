@@ -41,23 +41,40 @@ fn recording_runtime(s: &std::path::Path) -> (std::path::PathBuf, std::path::Pat
 fn closed_std_fds_become_dev_null_and_sigpipe_is_default_for_runc() {
     let s = common::scratch("rt-start");
     let (config, record) = recording_runtime(&s);
-    let mut cmd = Command::new(common::bin("gpufence-runtime"));
-    cmd.env("GPUFENCE_CONFIG", &config)
-        .args(["--root", "/nonexistent-root", "state", "some-id"]);
-    // SAFETY: only async-signal-safe close(2) calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            for fd in 0..=2 {
-                libc::close(fd);
-            }
-            Ok(())
-        });
+    // Twice: the first call parses the configuration (and records which runtime it names), the
+    // second takes the pass-through path on that record (`passthrough.rs`); both hand the
+    // runtime the same descriptors and signal dispositions.
+    for call in ["slow path", "pass-through record"] {
+        let _ = std::fs::remove_file(&record);
+        // A configuration changed within the last 100 ms is not recorded yet.
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let mut cmd = Command::new(common::bin("gpufence-runtime"));
+        cmd.env("GPUFENCE_CONFIG", &config).args([
+            "--root",
+            "/nonexistent-root",
+            "state",
+            "some-id",
+        ]);
+        // SAFETY: only async-signal-safe close(2) and signal(2) calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                for fd in 0..=2 {
+                    libc::close(fd);
+                }
+                // Ignored by the caller: the wrapper still hands the default to runc.
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let status = cmd.status().unwrap();
+        assert!(status.success(), "{call}: {status:?}");
+        check_inherited(&std::fs::read_to_string(&record).unwrap(), call);
     }
-    let status = cmd.status().unwrap();
-    assert!(status.success(), "{status:?}");
-    let got = std::fs::read_to_string(&record).unwrap();
+}
+
+fn check_inherited(got: &str, call: &str) {
     for fd in 0..=2 {
-        assert!(got.contains(&format!("fd{fd} /dev/null")), "{got}");
+        assert!(got.contains(&format!("fd{fd} /dev/null")), "{call}: {got}");
     }
     let ign = got
         .lines()
@@ -67,11 +84,11 @@ fn closed_std_fds_become_dev_null_and_sigpipe_is_default_for_runc() {
     assert_eq!(
         ign & (1 << (libc::SIGPIPE - 1)),
         0,
-        "SIGPIPE ignored in runc: {got}"
+        "{call}: SIGPIPE ignored in runc: {got}"
     );
     assert!(
         got.contains("args --root /nonexistent-root state some-id"),
-        "{got}"
+        "{call}: {got}"
     );
 }
 
@@ -89,4 +106,61 @@ fn open_std_fds_are_left_alone() {
     assert!(status.success());
     let got = std::fs::read_to_string(&record).unwrap();
     assert!(got.contains(&format!("fd1 {}", out.display())), "{got}");
+}
+
+/// The pass-through record is the configuration's, never older: a changed `runtime.path` is
+/// followed by the very next call, and a runtime path that became gpufence-runtime itself is
+/// refused rather than exec'd in a loop.
+#[test]
+fn pass_through_follows_a_changed_configuration() {
+    let s = common::scratch("rt-start-changed");
+    let (config, record) = recording_runtime(&s);
+    let call = || {
+        Command::new(common::bin("gpufence-runtime"))
+            .env("GPUFENCE_CONFIG", &config)
+            .args(["state", "x"])
+            .output()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert!(call().status.success());
+        assert!(
+            std::fs::read_to_string(&record)
+                .unwrap()
+                .contains("args state x")
+        );
+        std::fs::remove_file(&record).unwrap();
+    }
+    let second = s.join("second-runc");
+    let marker = s.join("second.txt");
+    std::fs::write(
+        &second,
+        format!("#!/bin/sh\necho \"$*\" >{}\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&second, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let first = text.lines().find(|l| l.starts_with("path = ")).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(first, &format!("path = \"{}\"", second.display())),
+    )
+    .unwrap();
+    assert!(call().status.success());
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "state x\n");
+    assert!(!record.exists(), "the first runtime ran again");
+
+    // runtime.path naming gpufence-runtime itself: refused, on every call.
+    let me = common::bin("gpufence-runtime");
+    std::fs::write(
+        &config,
+        text.replace(first, &format!("path = \"{}\"", me.display())),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let out = call();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("is gpufence-runtime itself"));
+    }
 }

@@ -4,8 +4,9 @@ handlers given, interleaved, one pod at a time (stopped and removed outside the 
 
 Usage: pod_timer.py SOCKET RUNS IMAGE [LABEL:]HANDLER[@SOCKET][=ANNOTATIONS_JSON] ...
 Each arm runs on SOCKET unless it names its own (`@SOCKET`: another containerd in the same run).
-Prints one line per arm: label, median ms, interquartile range, runs; and each arm's median
-minus the first arm's, paired by round (the same round's pods run back to back).
+Prints one line per arm: label, median ms, interquartile range, runs; and each arm against the
+first arm, paired by round (the same round's pods run back to back): the median difference and
+the median ratio.
 Needs PyPI container-runtime-interface-api (cri_api) and grpcio (make deps: target/venv).
 """
 import json
@@ -71,7 +72,9 @@ def main():
         xs = times[a]
         q = st.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
         paired = st.median([x - b for x, b in zip(xs, base)])
-        print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods), paired {paired:+.1f} ms")
+        ratio = st.median([x / b for x, b in zip(xs, base)])
+        print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods), "
+              f"paired {paired:+.1f} ms, ratio {ratio:.3f}")
 
 
 if __name__ == "__main__":

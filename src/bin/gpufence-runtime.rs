@@ -12,10 +12,11 @@
 // SAFETY: the one C `main` of this binary (`#![no_main]`); nothing else defines the symbol.
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
+extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    // A pass-through call (`start`, `state`, `kill`, …) execs the real runtime here, before any
+    // of the rest; it returns for `create`/`run`/`delete` or when its record is not fresh.
+    // SAFETY: C's own argv (argc strings, then null), and no thread exists yet.
+    unsafe { gpufence::runtime::passthrough::exec_unless_wrapped(argc.max(0) as usize, argv) };
     gpufence::exit::start_like_std();
     std::panic::catch_unwind(|| -> std::ffi::c_int {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

@@ -12,6 +12,7 @@ use crate::common;
 
 pub mod crio;
 pub mod gpu1;
+pub mod injector;
 
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {
@@ -548,11 +549,17 @@ impl Drop for NriProcess {
 }
 
 pub fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
+    spawn_nri_with(config, socket, log, &[])
+}
+
+/// [`spawn_nri`] with more arguments of `gpufence nri` (`--no-validation`).
+pub fn spawn_nri_with(config: &Path, socket: &Path, log: &Path, args: &[&str]) -> NriProcess {
     let child = Command::new(common::bin("gpufence"))
         .arg("--config")
         .arg(config)
         .args(["nri", "--socket"])
         .arg(socket)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()

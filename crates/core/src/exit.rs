@@ -98,6 +98,13 @@ pub fn finish(prog: &str, r: Result<(), Exit>) -> ! {
 /// stdout or stderr), and SIGPIPE ignored (a closed stderr pipe or log pipe returns EPIPE rather
 /// than killing the wrapper half-way; `Command::exec` restores the default for the real runtime).
 pub fn start_like_std() {
+    std_fds_on_dev_null();
+    // SAFETY: installing SIG_IGN for SIGPIPE before any thread exists has no other effect.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// Fds 0–2 the caller left closed opened on `/dev/null` (inherited across exec).
+pub fn std_fds_on_dev_null() {
     for fd in 0..=2 {
         // SAFETY: F_GETFD on a raw descriptor number only reads its flags; a closed one fails
         // with EBADF and nothing is borrowed beyond the call.
@@ -114,6 +121,4 @@ pub fn start_like_std() {
             }
         }
     }
-    // SAFETY: installing SIG_IGN for SIGPIPE before any thread exists has no other effect.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }

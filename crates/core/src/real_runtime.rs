@@ -1,20 +1,50 @@
 //! The real OCI runtime gpufence hands over to: `runtime.path`, else the first `runc` or `crun`
 //! on PATH — never gpufence-runtime itself.
 
-use std::os::unix::fs::PermissionsExt;
+use std::ffi::OsStr;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
 use crate::exit::Exit;
 
+/// The PATH searched when the runtime's environment has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Device and inode of a file, following links as exec does.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Whether `p` is this very binary (the same file, by any path or hard link).
+pub fn is_this_binary(p: &Path) -> bool {
+    let me = file_id(Path::new("/proc/self/exe"));
+    me.is_some() && file_id(p) == me
+}
+
+/// Whether `p` exists and is another file than this binary (one `stat` of each).
+pub fn exists_apart_from_this_binary(p: &Path) -> bool {
+    file_id(p).is_some_and(|id| file_id(Path::new("/proc/self/exe")) != Some(id))
+}
+
+/// The first executable `runc`, then `crun`, on `path` (the runtime's own PATH, else
+/// [`DEFAULT_PATH`]) that is not this binary.
+pub fn search_path(path: Option<&OsStr>) -> Option<PathBuf> {
+    let path = path.unwrap_or(OsStr::new(DEFAULT_PATH));
+    ["runc", "crun"].iter().find_map(|name| {
+        std::env::split_paths(path).find_map(|dir| {
+            let cand = dir.join(name);
+            let executable = std::fs::metadata(&cand)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            (executable && !is_this_binary(&cand)).then_some(cand)
+        })
+    })
+}
+
 /// The real runtime: `runtime.path`, else the first of runc, crun on PATH — never this binary.
 pub fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
-    let me = std::env::current_exe()
-        .ok()
-        .and_then(|p| std::fs::canonicalize(p).ok());
-    let is_me = |p: &Path| me.is_some() && std::fs::canonicalize(p).ok() == me;
     if let Some(p) = &cfg.runtime.path {
-        if is_me(p) {
+        if is_this_binary(p) {
             return Err(Exit::invalid(format!(
                 "runtime.path {} is gpufence-runtime itself",
                 p.display()
@@ -22,19 +52,6 @@ pub fn real_runtime(cfg: &Config) -> Result<PathBuf, Exit> {
         }
         return Ok(p.clone());
     }
-    let path = std::env::var_os("PATH")
-        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    for name in ["runc", "crun"] {
-        for dir in std::env::split_paths(&path) {
-            let cand = dir.join(name);
-            let executable = std::fs::metadata(&cand)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            if executable && !is_me(&cand) {
-                return Ok(cand);
-            }
-        }
-    }
-    Err(Exit::env(
-        "no OCI runtime: set runtime.path or put runc or crun on PATH",
-    ))
+    search_path(std::env::var_os("PATH").as_deref())
+        .ok_or_else(|| Exit::env("no OCI runtime: set runtime.path or put runc or crun on PATH"))
 }

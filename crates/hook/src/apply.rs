@@ -169,7 +169,7 @@ pub fn node_specs(plan: &Plan) -> Result<Vec<NodeSpec>, HookError> {
 /// directories resolve inside the rootfs through the image's symlinks).
 pub fn detach_mounts(plan: &Plan) -> Result<Vec<(String, Detached)>, HookError> {
     let mut edits: Vec<&crate::cdi::MountEdit> = plan.layout_mounts().iter().collect();
-    edits.sort_by_key(|m| crate::plan::mount_order(&m.container_path));
+    edits.sort_by_cached_key(|m| crate::plan::mount_order(&m.container_path));
     let mut out = Vec::new();
     for m in edits {
         let comps = crate::enter::safepath::components(&m.container_path)?;

@@ -78,71 +78,87 @@ impl RuncArgs {
 }
 
 /// A flag split into name (without dashes) and inline value (`--x=y`).
-fn split_flag(a: &OsStr) -> Option<(String, Option<OsString>)> {
-    let b = a.as_bytes();
+fn split_flag(b: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
     if b.len() < 2 || b[0] != b'-' {
         return None;
     }
-    let body = if b.starts_with(b"--") {
-        &b[2..]
-    } else {
-        &b[1..]
-    };
-    match body.iter().position(|&c| c == b'=') {
-        Some(i) => Some((
-            String::from_utf8_lossy(&body[..i]).into_owned(),
-            Some(OsStr::from_bytes(&body[i + 1..]).to_os_string()),
-        )),
-        None => Some((String::from_utf8_lossy(body).into_owned(), None)),
+    let body = b.strip_prefix(b"--").unwrap_or(&b[1..]);
+    Some(match body.iter().position(|&c| c == b'=') {
+        Some(i) => (&body[..i], Some(&body[i + 1..])),
+        None => (body, None),
+    })
+}
+
+/// One argument as bytes: an `OsString` of std's argv, or a C string straight from `main`'s.
+pub trait Arg {
+    fn bytes(&self) -> &[u8];
+}
+impl Arg for OsString {
+    fn bytes(&self) -> &[u8] {
+        self.as_bytes()
     }
+}
+impl Arg for &std::ffi::CStr {
+    fn bytes(&self) -> &[u8] {
+        self.to_bytes()
+    }
+}
+
+/// runc's global flags, up to the subcommand: `on_flag(name, value)` for each flag (a value
+/// flag's separate value consumed), and the index of the subcommand, if there is one. Reads the
+/// arguments as bytes and allocates nothing: the pass-through path runs it before anything else.
+pub fn globals<T: Arg>(args: &[T], mut on_flag: impl FnMut(&[u8], Option<&[u8]>)) -> Option<usize> {
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].bytes();
+        if a == b"--" {
+            return None;
+        }
+        match split_flag(a) {
+            Some((name, inline)) => {
+                let takes_value = GLOBAL_VALUE_FLAGS.iter().any(|f| f.as_bytes() == name);
+                let value = if takes_value && inline.is_none() {
+                    i += 1;
+                    args.get(i).map(Arg::bytes)
+                } else {
+                    inline
+                };
+                on_flag(name, value);
+            }
+            // A positional that is not a subcommand is the value of an unknown global flag
+            // (`--unknown value`): skipped.
+            None if SUBCOMMANDS.iter().any(|s| s.as_bytes() == a) => return Some(i),
+            None => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Whether gpufence has work to do for this command line (`create`, `run`, `delete`); every
+/// other call is handed to the real runtime unread.
+pub fn needs_wrapper<T: Arg>(args: &[T]) -> bool {
+    globals(args, |_, _| {})
+        .is_some_and(|i| matches!(args[i].bytes(), b"create" | b"run" | b"delete"))
 }
 
 /// Parse a runc argv (without argv[0]). Never fails: anything it does not understand is left
 /// for the real runtime to judge.
 pub fn parse(args: &[OsString]) -> RuncArgs {
     let mut out = RuncArgs::default();
-    let mut i = 0;
-    // Global flags, up to the subcommand.
-    while i < args.len() {
-        let a = &args[i];
-        if a == "--" {
-            i += 1;
-            break;
-        }
-        match split_flag(a) {
-            Some((name, inline)) => {
-                let takes_value = GLOBAL_VALUE_FLAGS.contains(&name.as_str());
-                let value = if takes_value && inline.is_none() {
-                    i += 1;
-                    args.get(i).cloned()
-                } else {
-                    inline
-                };
-                match name.as_str() {
-                    "log" => out.log = value.map(PathBuf::from),
-                    "log-format" => {
-                        out.log_format = value.map(|v| v.to_string_lossy().into_owned())
-                    }
-                    "root" => out.root = value.map(PathBuf::from),
-                    _ => {}
-                }
-            }
-            None => {
-                let s = a.to_string_lossy();
-                if SUBCOMMANDS.contains(&s.as_ref()) {
-                    out.subcommand = Some(s.into_owned());
-                    i += 1;
-                    break;
-                }
-                // The value of an unknown global flag (`--unknown value`): skip it.
-            }
-        }
-        i += 1;
-    }
-    let Some(sub) = out.subcommand.clone() else {
+    let os = |v: &[u8]| OsStr::from_bytes(v).to_os_string();
+    let sub_at = globals(args, |name, value| match name {
+        b"log" => out.log = value.map(|v| PathBuf::from(os(v))),
+        b"log-format" => out.log_format = value.map(|v| String::from_utf8_lossy(v).into_owned()),
+        b"root" => out.root = value.map(|v| PathBuf::from(os(v))),
+        _ => {}
+    });
+    let Some(mut i) = sub_at else {
         return out;
     };
-    let value_flags: &[&str] = if sub == "create" || sub == "run" {
+    out.subcommand = Some(args[i].to_string_lossy().into_owned());
+    i += 1;
+    let value_flags: &[&str] = if out.is_create() {
         &CREATE_VALUE_FLAGS
     } else {
         &OTHER_VALUE_FLAGS
@@ -155,19 +171,19 @@ pub fn parse(args: &[OsString]) -> RuncArgs {
             i += 1;
             continue;
         }
-        match (positional_only, split_flag(a)) {
+        match (positional_only, split_flag(a.as_bytes())) {
             (false, Some((name, inline))) => {
-                let takes_value = value_flags.contains(&name.as_str());
+                let takes_value = value_flags.iter().any(|f| f.as_bytes() == name);
                 let value = if takes_value && inline.is_none() {
                     i += 1;
-                    args.get(i).cloned()
+                    args.get(i).map(|v| v.as_bytes())
                 } else {
                     inline
                 };
-                if (name == "bundle" || name == "b") && takes_value {
-                    out.bundle = value.map(PathBuf::from);
-                } else if name == "pid-file" && takes_value {
-                    out.pid_file = value.map(PathBuf::from);
+                if (name == b"bundle" || name == b"b") && takes_value {
+                    out.bundle = value.map(|v| PathBuf::from(os(v)));
+                } else if name == b"pid-file" && takes_value {
+                    out.pid_file = value.map(|v| PathBuf::from(os(v)));
                 }
             }
             _ => out.container_id = Some(a.to_string_lossy().into_owned()),
@@ -269,7 +285,41 @@ mod tests {
         assert_eq!(a, RuncArgs::default());
     }
 
+    fn wrapped(v: &[&str]) -> bool {
+        let c: Vec<std::ffi::CString> = v
+            .iter()
+            .map(|s| std::ffi::CString::new(*s).unwrap())
+            .collect();
+        needs_wrapper(&c.iter().map(|c| c.as_c_str()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn only_create_run_and_delete_need_the_wrapper() {
+        assert!(wrapped(&["--root", "/r", "create", "--bundle", "/b", "c"]));
+        assert!(wrapped(&["run", "c"]));
+        assert!(wrapped(&["--log", "/l", "delete", "--force", "c"]));
+        for v in [
+            &["--root", "/r", "start", "c"][..],
+            &["state", "c"],
+            &["--root", "create", "kill", "c", "9"],
+            &["--", "create"],
+            &["--version"],
+            &[],
+        ] {
+            assert!(!wrapped(v), "{v:?}");
+        }
+    }
+
     proptest::proptest! {
+        /// The pass-through path's decision (C strings, nothing allocated) is the one `parse`
+        /// makes for the create path.
+        #[test]
+        fn needs_wrapper_agrees_with_parse(v in proptest::collection::vec("[a-z=-]{0,8}|create|run|delete|state|--root|--log", 0..8)) {
+            let strs: Vec<&str> = v.iter().map(String::as_str).collect();
+            let a = p(&strs);
+            proptest::prop_assert_eq!(wrapped(&strs), a.is_create() || a.is_delete());
+        }
+
         #[test]
         fn never_panics(v in proptest::collection::vec(".{0,12}", 0..10)) {
             let a = p(&v.iter().map(String::as_str).collect::<Vec<_>>());

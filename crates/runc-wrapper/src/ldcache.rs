@@ -30,6 +30,8 @@ use crate::plan::folders::Folding;
 #[derive(Debug)]
 pub struct Refresh {
     pub rootfs: PathBuf,
+    /// `state-dir`, where the libraries' facts are remembered ([`crate::ldfacts`]).
+    pub state_dir: PathBuf,
     pub folders: Vec<String>,
     /// The mounts into the folders (the driver libraries): container path, host path.
     pub mounts: Vec<MountEdit>,
@@ -81,6 +83,7 @@ pub fn render(
     Ok((
         Some(Refresh {
             rootfs,
+            state_dir: cfg.state_dir.clone(),
             folders: l.folders.clone(),
             mounts,
             folding: folding.cloned(),
@@ -102,12 +105,15 @@ impl Refresh {
             .as_ref()
             .map(|f| (f.libraries(), f.binary_links()))
             .unwrap_or_default();
-        let mut libs = crate::enter::ldcache::known_libraries(&mounts);
+        let mut facts = crate::ldfacts::Facts::load(&self.state_dir);
+        let mut libs = facts.known(&mounts);
         libs.extend(
-            crate::enter::ldcache::known_libraries(&folded)
+            facts
+                .known(&folded)
                 .into_iter()
                 .map(|l| crate::enter::ldcache::Library { linked: true, ..l }),
         );
+        facts.save();
         let outcome =
             crate::enter::ldcache::update(&self.rootfs, &self.folders, &Libraries::Known(libs))
                 .map_err(|e| {

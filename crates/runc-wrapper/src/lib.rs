@@ -4,8 +4,9 @@
 //! re-read from `dev-root`) + CDI specs → [`crate::plan::plan`] (pure) → [`apply_to_spec`] (pure)
 //! → ld cache refresh in a private mount namespace ([`ldcache`], instead of runc running the
 //! plan's createContainer hook) → host files (state dir, quota, generated ld.so.preload) → atomic `config.json` write → `exec`
-//! of the real runtime with the original argv. Every other subcommand execs straight through
-//! without reading anything but the configuration; `delete` also removes the container's state
+//! of the real runtime with the original argv. Every other subcommand is exec'd straight through by
+//! [`passthrough`] before anything else runs (no configuration read while its record of which
+//! runtime the configuration names is fresh); `delete` also removes the container's state
 //! directory once the real runtime has let go of the container.
 
 use std::ffi::OsString;
@@ -21,13 +22,16 @@ use crate::state::refusals::Reason;
 
 pub mod apply;
 pub mod args;
+pub mod fileid;
 pub mod ldcache;
+pub mod ldfacts;
+pub mod passthrough;
 pub mod phases;
 pub mod runclog;
 
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
 use gpufence_core::{
-    allocation, cdi, config, exit, fsutil, inventory, logging, plan, real_runtime, text,
+    allocation, cdi, config, exit, fnv, fsutil, inventory, logging, plan, real_runtime, text,
 };
 use gpufence_node::{driverfolders, enter, hostfiles, state};
 
@@ -37,38 +41,63 @@ pub use apply::{ApplyError, apply_to_spec};
 pub fn main(argv: Vec<OsString>) -> Result<(), Exit> {
     let rest: &[OsString] = argv.get(1..).unwrap_or(&[]);
     let parsed = args::parse(rest);
-
     if parsed.is_create() {
-        let mut phases = phases::Phases::start();
-        let cfg = match Config::load(None) {
-            Ok(c) => c,
-            Err(e) => {
-                let e = Exit::invalid(e).because(Reason::Config);
-                return Err(report(&parsed, &Config::default(), e));
-            }
-        };
-        if let Err(e) = prepare_create(&parsed, &cfg, &mut phases) {
-            return Err(report(&parsed, &cfg, e));
-        }
-        let rt = real_runtime(&cfg).map_err(|e| report(&parsed, &cfg, e))?;
-        if let Some(p) = &phases {
-            p.write(parsed.container_id.as_deref().unwrap_or(""), &cfg.state_dir);
-        }
-        return Err(exec(&rt, rest));
+        return create(&parsed, rest);
     }
 
-    // Pass-through: the configuration only names the real runtime and the state directory. A
-    // broken configuration must not stop containers from being listed, killed or deleted.
-    let cfg = Config::load(None).unwrap_or_else(|e| {
-        eprintln!(
-            "gpufence-runtime: {e}; using defaults for {:?}",
-            parsed.subcommand
-        );
-        Config::default()
-    });
+    // Pass-through (without a fresh record) and `delete`: the configuration only names the
+    // real runtime and the state directory. A broken configuration must not stop containers
+    // from being listed, killed or deleted. The file's identity is taken before it is read, for
+    // the pass-through record (passthrough.rs; the create path does not write one).
+    let source = passthrough::ConfigSource::from_env();
+    let identity = passthrough::config_identity(&source);
+    let (cfg, loaded) = match Config::load(None) {
+        Ok(cfg) => (cfg, true),
+        Err(e) => {
+            eprintln!(
+                "gpufence-runtime: {e}; using defaults for {:?}",
+                parsed.subcommand
+            );
+            (Config::default(), false)
+        }
+    };
     let rt = real_runtime(&cfg)?;
+    if let (true, Some(id)) = (loaded, &identity) {
+        let dir = Path::new(passthrough::CACHE_DIR);
+        // Best effort: without a record the next pass-through call takes this path again. Not
+        // said when the directory is not this user's to write (a rootless engine).
+        match passthrough::store(dir, &source, id, &cfg) {
+            Err(e) if e.kind() != std::io::ErrorKind::PermissionDenied => {
+                eprintln!("gpufence-runtime: {}: {e}", dir.display())
+            }
+            _ => {}
+        }
+    }
     if parsed.is_delete() {
         return delete(&parsed, &cfg, &rt, rest);
+    }
+    Err(exec(&rt, rest))
+}
+
+/// `create`/`run`: plan, edit the bundle, then exec the real runtime.
+fn create(parsed: &args::RuncArgs, rest: &[OsString]) -> Result<(), Exit> {
+    let mut phases = phases::Phases::start();
+    let cfg = match Config::load(None) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = Exit::invalid(e).because(Reason::Config);
+            return Err(report(parsed, &Config::default(), e));
+        }
+    };
+    // What the create path built (the parsed and edited spec, the intake) stays alive
+    // until the exec replaces the process: freeing it is work nobody needs.
+    let _prepared = match prepare_create(parsed, &cfg, &mut phases) {
+        Ok(p) => p,
+        Err(e) => return Err(report(parsed, &cfg, e)),
+    };
+    let rt = real_runtime(&cfg).map_err(|e| report(parsed, &cfg, e))?;
+    if let Some(p) = &phases {
+        p.write(parsed.container_id.as_deref().unwrap_or(""), &cfg.state_dir);
     }
     Err(exec(&rt, rest))
 }
@@ -92,12 +121,19 @@ fn report(parsed: &args::RuncArgs, cfg: &Config, e: Exit) -> Exit {
     e
 }
 
+/// What the create path built, kept by `main` until the exec (see there).
+struct Prepared {
+    _spec: serde_json::Value,
+    _edited: serde_json::Value,
+    _intake: crate::plan::intake::Intake,
+}
+
 /// Plan and apply for `create`/`run`: everything before the exec. Writes nothing when it fails.
 fn prepare_create(
     parsed: &args::RuncArgs,
     cfg: &Config,
     phases: &mut Option<phases::Phases>,
-) -> Result<(), Exit> {
+) -> Result<Option<Prepared>, Exit> {
     let mut mark = |name| {
         if let Some(p) = phases.as_mut() {
             p.mark(name)
@@ -115,7 +151,7 @@ fn prepare_create(
     }
     if container_exists(parsed, cfg, id) {
         // The real runtime refuses a duplicate id; don't touch the live container's state.
-        return Ok(());
+        return Ok(None);
     }
     let bundle = match &parsed.bundle {
         Some(b) => b.clone(),
@@ -164,7 +200,7 @@ fn prepare_create(
         }
     };
     if intake.sandbox.is_some() {
-        return Ok(());
+        return Ok(None);
     }
     mark("plan");
     // The driver folders, named and (once per driver) made on the host: one pass.
@@ -208,7 +244,11 @@ fn prepare_create(
             .map_err(|e| Exit::env(format!("{}: {e}", config_path.display())))?;
     }
     mark("spec");
-    Ok(())
+    Ok(Some(Prepared {
+        _spec: spec,
+        _edited: edited,
+        _intake: intake,
+    }))
 }
 
 /// Whether the real runtime already has a container with this id (its state under `--root`).

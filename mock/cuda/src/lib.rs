@@ -38,6 +38,7 @@ use pools::{POOL_BASE, pool_device};
 
 mod attrs;
 mod dark;
+mod dark13;
 mod devctx;
 mod driver;
 mod functions;
@@ -51,6 +52,7 @@ mod streams;
 mod trace;
 mod unsupported;
 mod vram;
+mod xla;
 
 pub mod exec;
 
@@ -359,6 +361,12 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     })
 }
 
+/// The unversioned names a real driver still exports with the `_v2` meaning (XLA binds them).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRelease_v2(dev)
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: usize) -> CUresult {
     guard(|| {
@@ -374,6 +382,17 @@ pub extern "C" fn cuCtxSetCurrent(ctx: usize) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: usize) -> CUresult {
     cuCtxSetCurrent(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent(ctx: usize) -> CUresult {
+    cuCtxSetCurrent(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut usize) -> CUresult {
+    // SAFETY: the caller's out-pointer, passed on unchanged (null-checked there).
+    unsafe { cuCtxPopCurrent_v2(pctx) }
 }
 
 #[unsafe(no_mangle)]
@@ -1237,9 +1256,12 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuCtxDestroy_v2,
             cuDevicePrimaryCtxRetain,
             cuDevicePrimaryCtxRelease_v2,
+            cuDevicePrimaryCtxRelease,
             cuCtxSetCurrent,
             cuCtxPushCurrent_v2,
             cuCtxPopCurrent_v2,
+            cuCtxPushCurrent,
+            cuCtxPopCurrent,
             cuCtxGetCurrent,
             cuCtxGetDevice,
             cuMemGetInfo_v2,
@@ -1287,6 +1309,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         t.extend(devctx::exports());
         t.extend(streams::exports());
         t.extend(functions::exports());
+        t.extend(xla::exports());
         t.extend(unsupported::exports());
         t
     })

@@ -226,7 +226,6 @@ unsupported! {
         cuIpcGetEventHandle,
         cuIpcOpenEventHandle,
         cuKernelGetParamInfo,
-        cuModuleLoadFatBinary,
         cuOccupancyMaxActiveClusters,
         cuOccupancyMaxPotentialClusterSize,
         cuStreamAttachMemAsync,

@@ -21,8 +21,8 @@ pub use mounts::{driver_mounts, state_tmpfs};
 pub use nodes::device_node_edit;
 pub use types::{
     ACCOUNTING_FILE, CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, CgroupRule,
-    HAMI_CACHE_FILE, HostFile, LD_SO_PRELOAD_FILE, LdCache, Plan, RO_BIND, RW_STATE_BIND,
-    SHIM_ISOLATION, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
+    HAMI_CACHE_FILE, HostFile, LD_FACTS_FILE, LD_SO_PRELOAD_FILE, LdCache, Plan, RO_BIND,
+    RW_STATE_BIND, SHIM_ISOLATION, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
 };
 
 /// Compute the plan for one container. Pure: no I/O. `spec` is the parsed `config.json`;
@@ -144,7 +144,10 @@ pub fn plan_request(
     // `/etc` or `/etc/ld.so.preload`, and runc follows it inside the rootfs; parent-first within
     // each group, so a directory mount never hides one below it (the quota under the state
     // tmpfs); stable, so equal depths keep their order.
-    edits.mounts.sort_by_key(|m| mount_order(&m.container_path));
+    // (Keys computed once per mount: a stable sort compares each many times.)
+    edits
+        .mounts
+        .sort_by_cached_key(|m| mount_order(&m.container_path));
 
     // Env the plan sets need no override.
     let set_keys: Vec<&str> = edits
@@ -213,7 +216,7 @@ fn check_foreign(
 /// combined with ours. Lexical: `//`, `.` and a trailing `/` do not change the answer; `..`
 /// goes up, never above `/` (as runc resolves a destination inside the rootfs).
 pub fn is_reserved_destination(p: &str) -> bool {
-    let mut norm: Vec<&str> = Vec::new();
+    let mut norm: Vec<&str> = Vec::with_capacity(8);
     for c in p.split('/') {
         match c {
             "" | "." => {}
@@ -230,8 +233,11 @@ pub fn is_reserved_destination(p: &str) -> bool {
     ]
     .iter()
     .any(|r| {
-        let r: Vec<&str> = r.split('/').filter(|c| !c.is_empty()).collect();
-        norm.len() >= r.len() && norm[..r.len()] == r[..]
+        // `norm` starts with every component of `r`.
+        let mut have = norm.iter();
+        r.split('/')
+            .filter(|c| !c.is_empty())
+            .all(|c| have.next() == Some(&c))
     })
 }
 

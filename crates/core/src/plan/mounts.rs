@@ -7,8 +7,8 @@ use crate::config::{Config, ShimInject};
 use crate::inventory::DriverFile;
 
 use super::{
-    CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, LD_SO_PRELOAD_FILE, RO_BIND,
-    RW_STATE_BIND, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
+    CONTAINER_QUOTA_FILE, CONTAINER_SHIM_PATH, CONTAINER_STATE_DIR, LD_FACTS_FILE,
+    LD_SO_PRELOAD_FILE, RO_BIND, RW_STATE_BIND, STATE_TMPFS_SIZE, STATE_TMPFS_SIZE_HAMI,
 };
 
 /// Host paths of one container's state.
@@ -27,7 +27,12 @@ impl StatePaths {
     /// node-wide file (or a temp file) in state-dir.
     pub fn new(config: &Config, container_id: &str) -> Result<StatePaths, AllocationError> {
         if container_id.starts_with('.')
-            || [LD_SO_PRELOAD_FILE, crate::inventory::CACHE_FILE].contains(&container_id)
+            || [
+                LD_SO_PRELOAD_FILE,
+                LD_FACTS_FILE,
+                crate::inventory::CACHE_FILE,
+            ]
+            .contains(&container_id)
         {
             return Err(AllocationError::new(
                 "container id",

@@ -152,6 +152,8 @@ impl Plan {
 
 /// Node-wide generated `ld.so.preload` (under `state-dir`), naming the container's shim path.
 pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
+/// Node-wide record of the driver libraries' ld cache facts (under `state-dir`, the runtime's).
+pub const LD_FACTS_FILE: &str = "ld-facts";
 /// HAMi-core's shared accounting region, inside the state directory (compatibility mode).
 pub const HAMI_CACHE_FILE: &str = "vgpu.cache";
 

@@ -335,7 +335,9 @@ fn read_image_cache(root: &OwnedFd) -> Result<(Option<Cache>, String), Errno> {
         Found::Other(k) => return Ok((None, format!("not a regular file ({k:?}): replaced"))),
         Found::Regular(f) => f,
     };
-    let mut bytes = Vec::new();
+    // Sized from the file (one read instead of a doubling series), never past the cap.
+    let hint = f.metadata().map_or(0, |m| m.len().min(MAX_CACHE_BYTES) + 1);
+    let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
     (&f).take(MAX_CACHE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
