@@ -42,6 +42,7 @@ hooks!(
     cuDeviceGetMemPool,
     cuDeviceSetMemPool,
     cuDevicePrimaryCtxReset_v2,
+    cuDevicePrimaryCtxReset,
     cuMemCreate,
     cuMemRelease,
     cuMemMap,

@@ -281,6 +281,7 @@ reals! {
     cuDeviceGetMemPool: Cuda c"cuDeviceGetMemPool" fn(*mut usize, c_int) -> c_int;
     cuDeviceSetMemPool: Cuda c"cuDeviceSetMemPool" fn(c_int, usize) -> c_int;
     cuDevicePrimaryCtxReset_v2: Cuda c"cuDevicePrimaryCtxReset_v2" fn(c_int) -> c_int;
+    cuDevicePrimaryCtxReset: Cuda c"cuDevicePrimaryCtxReset" fn(c_int) -> c_int;
     cuMemGetInfo_v2: Cuda c"cuMemGetInfo_v2" fn(*mut usize, *mut usize) -> c_int;
     cuDeviceTotalMem_v2: Cuda c"cuDeviceTotalMem_v2" fn(*mut usize, c_int) -> c_int;
     cuLaunchKernel: Cuda c"cuLaunchKernel" fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, usize, *mut Ptr, *mut Ptr) -> c_int;

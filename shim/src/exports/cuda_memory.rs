@@ -433,19 +433,26 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: usize) -> CUresult
     })
 }
 
-/// A reset primary context may come back with the default pool current: asked again.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CUresult {
-    guard(|| {
-        let f = real_or!(cuDevicePrimaryCtxReset_v2);
-        // SAFETY: the caller's argument, unchanged, to the driver's own function.
-        let r = unsafe { f(dev) };
-        if r == CUDA_SUCCESS {
-            poolmem::set_current(dev, 0);
+macro_rules! primary_reset {
+    ($name:ident) => {
+        /// A reset primary context may come back with the default pool current: asked again.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dev: c_int) -> CUresult {
+            guard(|| {
+                let f = real_or!($name);
+                // SAFETY: the caller's argument, unchanged, to the driver's own function.
+                let r = unsafe { f(dev) };
+                if r == CUDA_SUCCESS {
+                    poolmem::set_current(dev, 0);
+                }
+                r
+            })
         }
-        r
-    })
+    };
 }
+primary_reset!(cuDevicePrimaryCtxReset_v2);
+// the unversioned name a real driver keeps with the `_v2` meaning (XLA binds it)
+primary_reset!(cuDevicePrimaryCtxReset);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: usize, keep: usize) -> CUresult {
