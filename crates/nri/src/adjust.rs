@@ -214,8 +214,24 @@ fn env(
         let s = seen.entry(k).or_default();
         *s = (s.0 + 1, v);
     }
+    // koordlet's NVIDIA_VISIBLE_DEVICES (set by its NRI plugin before this one) that agreed with
+    // the allocation stays as it is: setting it again would make NRI refuse the container.
+    let koordlet_nvd = plan
+        .allocation
+        .as_ref()
+        .and_then(crate::allocation::koordinator::koordlet_nvd_agreed);
     let mut kept: Vec<&str> = Vec::with_capacity(order.len());
     for k in order {
+        if k == crate::allocation::container_dialects::NVIDIA_VISIBLE_DEVICES
+            && koordlet_nvd.is_some_and(|v| seen.get(k) == Some(&(1, v)))
+        {
+            tracing::info!(
+                container = %ctr.id,
+                value = koordlet_nvd.unwrap_or_default(),
+                "koordlet's NVIDIA_VISIBLE_DEVICES agrees with the plan: left as is"
+            );
+            continue;
+        }
         match seen.get(k) {
             Some((n, last)) if *n > 1 => {
                 if !repeated_is_settled(k, values[k], last) {
@@ -484,6 +500,50 @@ mod tests {
             assert_eq!(e, AdjustError::DuplicateEnv(key.into()), "{env:?}");
         }
         render(&cfg(), &gpu_plan(), &ctr(&["A=1", "A=2"], &[])).unwrap();
+    }
+
+    #[test]
+    fn koordlets_agreeing_visible_devices_are_left_to_koordlet() {
+        use crate::allocation::{Allocation, FacetSource, Origin};
+        use crate::config::Dialect;
+        let source = |origin: Origin, key: &str, value: &str| FacetSource {
+            facet: "devices".into(),
+            dialect: Dialect::Koordinator,
+            origin,
+            key: key.into(),
+            value: value.into(),
+        };
+        let mut p = gpu_plan();
+        p.env_overrides.clear();
+        p.allocation = Some(Allocation {
+            dialects: vec![Dialect::Koordinator],
+            devices: vec![],
+            oversubscribe: false,
+            capabilities: vec![],
+            foreign_cdi: vec![],
+            cores_burst: false,
+            sources: vec![
+                source(
+                    Origin::Annotation,
+                    "scheduling.koordinator.sh/device-allocated",
+                    "{}",
+                ),
+                source(Origin::Env, "NVIDIA_VISIBLE_DEVICES", "1"),
+            ],
+        });
+        let keys = |env: &[&str]| -> Vec<String> {
+            let a = render(&cfg(), &p, &ctr(env, &[])).unwrap();
+            a.env.into_iter().map(|e| e.key).collect()
+        };
+        // koordlet's plugin set it before gpufence's: setting it again, NRI refuses the container.
+        assert!(!keys(&["NVIDIA_VISIBLE_DEVICES=1"]).contains(&"NVIDIA_VISIBLE_DEVICES".into()));
+        // Any other value (the image's `all`) is the plan's to set.
+        for other in [&["NVIDIA_VISIBLE_DEVICES=all"][..], &[]] {
+            assert!(
+                keys(other).contains(&"NVIDIA_VISIBLE_DEVICES".into()),
+                "{other:?}"
+            );
+        }
     }
 
     #[test]
