@@ -109,13 +109,15 @@ test: test-deps engines
 	set -o pipefail; PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' target/test.log
 
-# NVIDIA's CUDA runtime with unmodified PyTorch and CuPy wheels over the simulated node, held to
-# their slice inside a gpufence-runtime container (docs/frameworks.md). Not part of `make test`:
-# the first run downloads the wheels (about 5.5 GiB) into /var/cache/gpufence/frameworks
-# (scripts/frameworks.sh); later runs download nothing.
+# NVIDIA's CUDA runtime with unmodified PyTorch, CuPy and JAX wheels over the simulated node, held
+# to their slice inside a gpufence-runtime container (docs/frameworks.md). Not part of `make test`:
+# the first run downloads the wheels (about 5.5 GiB for PyTorch + CuPy, 4.4 GiB for JAX in a venv
+# of its own) into /var/cache/gpufence/frameworks (scripts/frameworks.sh); later runs download
+# nothing.
 test-frameworks: test-deps engines
 	$(CARGO) build --workspace
 	bash scripts/frameworks.sh
+	bash scripts/frameworks.sh jax
 	PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --test frameworks_container -- --ignored --nocapture
 
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every

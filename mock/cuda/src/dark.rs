@@ -321,7 +321,7 @@ fn table(uuid: &[u8; 16]) -> Option<usize> {
             2 => f!(context_check as F3<_, _, _, _>),
             3 => f!(check_fn as unsafe extern "C" fn() -> _),
         ], true),
-        _ => None,
+        _ => crate::dark13::table(uuid),
     }
 }
 

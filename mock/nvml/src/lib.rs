@@ -29,6 +29,7 @@ pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_
 /// Maximum MIG devices per GPU reported by `nvmlDeviceGetMaxMigDeviceCount` (H100/A100: 7).
 const MAX_MIG: usize = 7;
 
+mod links;
 mod memlimits;
 mod state;
 pub mod util;
