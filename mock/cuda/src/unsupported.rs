@@ -105,7 +105,6 @@ unsupported! {
     ]
     /// explicit graph construction
     [
-        cuGraphAddChildGraphNode,
         cuGraphAddDependencies,
         cuGraphAddEmptyNode,
         cuGraphAddEventRecordNode,
@@ -116,9 +115,7 @@ unsupported! {
         cuGraphAddKernelNode,
         cuGraphAddMemcpyNode,
         cuGraphAddMemsetNode,
-        cuGraphAddNode,
         cuGraphChildGraphNodeGetGraph,
-        cuGraphClone,
         cuGraphConditionalHandleCreate,
         cuGraphDebugDotPrint,
         cuGraphDestroyNode,
@@ -137,7 +134,6 @@ unsupported! {
         cuGraphExecMemcpyNodeSetParams,
         cuGraphExecMemsetNodeSetParams,
         cuGraphExecNodeSetParams,
-        cuGraphExecUpdate,
         cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams,
         cuGraphExternalSemaphoresWaitNodeGetParams,
@@ -147,7 +143,6 @@ unsupported! {
         cuGraphHostNodeGetParams,
         cuGraphHostNodeSetParams,
         cuGraphInstantiate,
-        cuGraphInstantiateWithParams,
         cuGraphKernelNodeCopyAttributes,
         cuGraphKernelNodeGetAttribute,
         cuGraphKernelNodeGetParams,
@@ -169,7 +164,6 @@ unsupported! {
         cuGraphReleaseUserObject,
         cuGraphRemoveDependencies,
         cuGraphRetainUserObject,
-        cuGraphUpload,
         cuStreamBeginCaptureToGraph,
         cuStreamUpdateCaptureDependencies,
         cuUserObjectCreate,
@@ -250,11 +244,6 @@ unsupported! {
         cuTensorMapEncodeTiled,
         cuTensorMapEncodeIm2col,
         cuTensorMapReplaceAddress,
-    ]
-    /// export and import of VMM handles as file descriptors (IPC of expandable segments)
-    [
-        cuMemExportToShareableHandle,
-        cuMemImportFromShareableHandle,
     ]
     /// pool export and import (IPC of pools)
     [
