@@ -47,6 +47,9 @@ docker-deps:
 
 build: build-deps
 	$(CARGO) build --release --workspace
+	@# gpufence-runtime, started for every runc call, linked static — that binary alone (the flag
+	@# is the final crate's link): no dynamic loader on a pass-through call (docs/performance.md).
+	$(CARGO) rustc --release -p gpufence --bin gpufence-runtime -- -C target-feature=+crt-static
 	@$(MAKE) --no-print-directory shim-compat
 
 # The shim is preloaded into every container process, whatever the image's glibc: build it

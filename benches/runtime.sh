@@ -34,7 +34,7 @@ BIN_DIR=$(cd "$BIN_DIR" && pwd)
 [ "$(id -u)" = 0 ] || { echo "runtime bench: needs root" >&2; exit 1; }
 RUNC=$(command -v runc) || { echo "runtime bench: runc not found" >&2; exit 1; }
 for f in gpufence gpufence-runtime gpufence-sim libgpufence.so; do
-  [ -e "$BIN_DIR/$f" ] || { echo "runtime bench: $BIN_DIR/$f missing (cargo build --release --workspace)" >&2; exit 1; }
+  [ -e "$BIN_DIR/$f" ] || { echo "runtime bench: $BIN_DIR/$f missing (make build)" >&2; exit 1; }
 done
 
 S=$(mktemp -d /tmp/gpufence-bench-runtime.XXXXXX)

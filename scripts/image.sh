@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make image`: the installer image, built offline from scratch with umoci (no base image, no
-# registry): gpufence, gpufence-runtime, the shim (glibc 2.17 build), the C libraries the two
+# registry): gpufence, gpufence-runtime, the shim (glibc 2.17 build), the C libraries the
 # binaries load (copied from the build machine), the hooks.d drop-ins, the Kubernetes
 # manifests, the default config and the CDI examples. Entrypoint `gpufence install`.
 #
@@ -15,7 +15,7 @@ OUT=${2:-target/image}
 for t in umoci objdump ldd; do
   command -v "$t" >/dev/null || { echo "image: $t missing (make image installs it)" >&2; exit 1; }
 done
-for f in gpufence gpufence-runtime libgpufence.so; do
+for f in gpufence gpufence-runtime gpufence-runtime-wrapper libgpufence.so; do
   [ -f "$BIN/$f" ] || { echo "image: $BIN/$f missing (make build)" >&2; exit 1; }
 done
 version=$("$BIN/gpufence" --version | awk '{print $2}')
@@ -38,15 +38,17 @@ root="$bundle/rootfs"
 
 install -D -m 0755 "$BIN/gpufence" "$root/usr/bin/gpufence"
 install -D -m 0755 "$BIN/gpufence-runtime" "$root/usr/bin/gpufence-runtime"
+install -D -m 0755 "$BIN/gpufence-runtime-wrapper" "$root/usr/bin/gpufence-runtime-wrapper"
 install -D -m 0644 "$BIN/libgpufence.so" "$root/usr/lib/gpufence/libgpufence.so"
 install -D -m 0644 packaging/config.toml "$root/etc/gpufence/config.toml"
 install -d "$root/usr/share/gpufence/hooks" "$root/usr/share/gpufence/k8s" "$root/usr/share/gpufence/cdi"
 install -m 0644 hooks/*.json "$root/usr/share/gpufence/hooks/"
 install -m 0644 packaging/k8s/*.yaml "$root/usr/share/gpufence/k8s/"
 install -m 0644 cdi/*.json cdi/*.yaml "$root/usr/share/gpufence/cdi/"
-# The binaries are glibc-dynamic: their libraries and loader, from the build machine, at the
-# paths the binaries name.
-for lib in $(ldd "$BIN/gpufence" "$BIN/gpufence-runtime" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && NF > 1 {print $1}' | sort -u); do
+# gpufence and the runtime's wrapper are glibc-dynamic: their libraries and loader, from the
+# build machine, at the paths they name (`make build` links gpufence-runtime static: ldd lists
+# nothing for it; a `cargo build` one is dynamic and needs the same libraries).
+for lib in $(ldd "$BIN/gpufence" "$BIN/gpufence-runtime" "$BIN/gpufence-runtime-wrapper" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && NF > 1 {print $1}' | sort -u); do
   install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
 done
 install -d -m 1777 "$root/tmp"

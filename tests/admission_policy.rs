@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cel::{Context, Env, Program, Value};
 use gpufence::allocation::container_dialects;
 use gpufence::allocation::pod_dialects::{
-    gpushare_pod as gpushare, hami_pod as hami, kai_pod as kai,
+    gpushare_pod as gpushare, hami_mig, hami_pod as hami, kai_pod as kai,
 };
 use proptest::prelude::*;
 use serde::Deserialize;
@@ -307,6 +307,9 @@ fn dialect_keys() -> Vec<String> {
         gpufence::cdi::parse::ANNOTATION_PREFIX
     ));
     keys.push(hami::ALLOCATED.to_string());
+    keys.push(hami::VOLCANO_ALLOCATED.to_string());
+    keys.push(hami_mig::MIG_ALLOCATIONS.to_string());
+    keys.push(gpufence::allocation::koordinator::ALLOCATED.to_string());
     keys.push(container_dialects::ALIYUN_GPU_COUNT.to_string());
     for k in [
         gpushare::IDX,
@@ -580,7 +583,7 @@ fn the_nri_tolerate_annotation_is_reserved_to_gpufences_namespace() {
 #[test]
 fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation() {
     // Literal `&str` constants in src/allocation that are not pod annotation keys, and why.
-    const NOT_POD_ANNOTATIONS: [(&str, &str); 17] = [
+    const NOT_POD_ANNOTATIONS: [(&str, &str); 21] = [
         ("NVIDIA_VISIBLE_DEVICES", "env (allocation.trust-env)"),
         ("NVIDIA_DRIVER_CAPABILITIES", "env"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "HAMi env"),
@@ -607,6 +610,13 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
             "HAMi env in a DRA driver's CDI spec",
         ),
         ("linux.devices", "a spec field, named in errors"),
+        (
+            "koordinator.sh/gpu-core",
+            "a resource name inside Koordinator's annotation",
+        ),
+        ("koordinator.sh/gpu-memory", "a resource name"),
+        ("koordinator.sh/gpu-memory-ratio", "a resource name"),
+        ("gpu", "a device type inside Koordinator's annotation"),
     ];
     let p = policy();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src/allocation");
@@ -618,6 +628,7 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
         hami::ALLOCATED,
         kai::PREFIX,
         gpushare::IDX,
+        gpufence::allocation::koordinator::ALLOCATED,
     ] {
         assert!(
             literals.iter().any(|(_, l)| l == anchor),
@@ -713,6 +724,9 @@ fn annotation_maps() -> impl Strategy<Value = BTreeMap<String, String>> {
         "ALIYUN_COM_GPU_MEM_IDX",
         "aliyun.com/gpu-count",
         "nvidia.com/container.main.gpus.devices",
+        "scheduling.koordinator.sh/device-allocated",
+        "volcano.sh/vgpu-ids-new",
+        "hami.io/vgpu-mig-allocations",
         "team",
         "nvidia.com/gpu",
         "hami.io/vgpu-node",

@@ -158,7 +158,12 @@ fn hami_env() {
     let hami = || trusting(&[Dialect::Hami]);
     let cases = [
         Case { name: "limits per device", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_MEMORY_LIMIT_1=2g", "CUDA_DEVICE_SM_LIMIT=30"], mounts: &[], want: Devices(&[("0", Some(4 * G), Some(30)), ("1", Some(2 * G), Some(30))], false) },
-        Case { name: "fallback limit, 0 means none", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=1024m", "CUDA_DEVICE_MEMORY_LIMIT_1=0"], mounts: &[], want: Devices(&[("0", Some(G), None), ("1", None, None)], false) },
+        // HAMi-core (do_init_device_*_limits): `_<i>` set and not 0, else the unindexed value
+        // on every device (KAI's resource isolator and koordlet set only that), else none.
+        Case { name: "fallback limit, 0 falls back", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=1024m", "CUDA_DEVICE_MEMORY_LIMIT_1=0"], mounts: &[], want: Devices(&[("0", Some(G), None), ("1", Some(G), None)], false) },
+        Case { name: "unindexed limits on every device", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=2g", "CUDA_DEVICE_SM_LIMIT=40"], mounts: &[], want: Devices(&[("0", Some(2 * G), Some(40)), ("1", Some(2 * G), Some(40))], false) },
+        Case { name: "indexed over unindexed, empty falls back", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=2g", "CUDA_DEVICE_MEMORY_LIMIT_0=1g", "CUDA_DEVICE_MEMORY_LIMIT_1=", "CUDA_DEVICE_SM_LIMIT=40", "CUDA_DEVICE_SM_LIMIT_1=0"], mounts: &[], want: Devices(&[("0", Some(G), Some(40)), ("1", Some(2 * G), Some(40))], false) },
+        Case { name: "0 without fallback is none", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT_1=0", "CUDA_DEVICE_SM_LIMIT_0=25"], mounts: &[], want: Devices(&[("0", None, Some(25)), ("1", None, None)], false) },
         Case { name: "sm 0 and 100 are none", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_SM_LIMIT_0=0", "CUDA_DEVICE_SM_LIMIT_1=100"], mounts: &[], want: Devices(&[("0", None, None), ("1", None, None)], false) },
         Case { name: "k suffix and bytes", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=1048576k"], mounts: &[], want: Devices(&[("0", Some(G), None)], false) },
         Case { name: "oversubscribe beyond device", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=100g", "CUDA_OVERSUBSCRIBE=true"], mounts: &[], want: Devices(&[("0", Some(100 * G), None)], true) },
@@ -171,6 +176,8 @@ fn hami_env() {
         Case { name: "index not uuid", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT_0=1g"], mounts: &[], want: Err("NVIDIA_VISIBLE_DEVICES", "by UUID") },
         Case { name: "limits without devices", config: hami, annotations: &[], env: &["CUDA_DEVICE_MEMORY_LIMIT_0=1g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "without NVIDIA_VISIBLE_DEVICES") },
         Case { name: "ordinal beyond list", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_3=1g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_3", "names 1 device") },
+        Case { name: "octal to HAMi-core", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_MEMORY_LIMIT=010g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT", "leading zero") },
+        Case { name: "bad unindexed sm", config: hami, annotations: &[], env: &[NVD01, "CUDA_DEVICE_SM_LIMIT=half"], mounts: &[], want: Err("CUDA_DEVICE_SM_LIMIT", "whole percentage") },
         Case { name: "bad limit", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=4Gi"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "unknown suffix") },
         Case { name: "bigger than device", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_MEMORY_LIMIT_0=81g"], mounts: &[], want: Err("CUDA_DEVICE_MEMORY_LIMIT_0", "exceeds") },
         Case { name: "bad sm", config: hami, annotations: &[], env: &["NVIDIA_VISIBLE_DEVICES=GPU-00000000-aaaa-bbbb-cccc-000000000000", "CUDA_DEVICE_SM_LIMIT=-5"], mounts: &[], want: Err("CUDA_DEVICE_SM_LIMIT", "percentage") },

@@ -37,18 +37,7 @@ fn run(
 }
 
 fn devices(p: &Plan) -> Vec<(u32, Option<u64>, Option<u8>)> {
-    p.allocation
-        .as_ref()
-        .map(|a| {
-            a.devices
-                .iter()
-                .map(|d| match d.device {
-                    DeviceRef::Gpu { index } => (index, d.memory_limit, d.cores),
-                    DeviceRef::Mig { .. } => panic!("MIG"),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    gpu_limits(p)
 }
 
 fn hami_value(groups: &[&[(u32, u32, u32)]]) -> String {
@@ -65,6 +54,11 @@ fn hami_value(groups: &[&[(u32, u32, u32)]]) -> String {
 
 /// kubelet's record of HAMi's plugin giving `ctr` one GPU with `mib` and `cores`.
 fn hami_record(entries: &[(&str, u32, u32, u32)]) -> String {
+    plugin_record("nvidia.com/gpu", entries)
+}
+
+/// kubelet's record of a HAMi-format device plugin (HAMi's, Volcano's) registered as `resource`.
+fn plugin_record(resource: &str, entries: &[(&str, u32, u32, u32)]) -> String {
     kubelet::checkpoint_json(
         entries
             .iter()
@@ -72,7 +66,7 @@ fn hami_record(entries: &[(&str, u32, u32, u32)]) -> String {
                 kubelet::entry(
                     POD,
                     ctr,
-                    "nvidia.com/gpu",
+                    resource,
                     &[&format!("{}-0", uuid(*gpu))],
                     kubelet::encode_alloc_resp(
                         &[
@@ -196,6 +190,181 @@ fn hami_multi_container_pod_needs_kubelet_to_pick_the_group() {
     assert!(p.grants_nothing());
     let p = run(&container("main", &one, &[]), Some(&cp1), &config()).unwrap();
     assert_eq!(devices(&p), vec![(1, Some(3000 * MIB), None)]);
+}
+
+#[test]
+fn volcano_annotation_is_narrowed_as_hamis_is() {
+    const VOLCANO: &str = "volcano.sh/vgpu-ids-new";
+    let v = hami_value(&[&[(1, 3000, 0)], &[(0, 5000, 50)]]);
+    let cp = plugin_record(
+        "volcano.sh/vgpu-number",
+        &[("main", 1, 3000, 0), ("worker", 0, 5000, 50)],
+    );
+    let ann = [(VOLCANO, v.as_str())];
+    let p = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert_eq!(devices(&p), vec![(1, Some(3000 * MIB), None)]);
+    let a = p.allocation.as_ref().unwrap();
+    assert!(
+        a.dialects.contains(&gpufence::config::Dialect::Volcano),
+        "{a:?}"
+    );
+    let p = run(&container("worker", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert_eq!(devices(&p), vec![(0, Some(5000 * MIB), Some(50))]);
+    // A container kubelet recorded nothing for gets nothing; without the record, refused.
+    let p = run(&container("sidecar", &ann, &[]), Some(&cp), &config()).unwrap();
+    assert!(p.grants_nothing());
+    let e = run(&container("main", &ann, &[]), None, &config()).unwrap_err();
+    assert_eq!(e.key, VOLCANO, "{e}");
+    // Its memory disagrees with what kubelet recorded for the device plugin's env: refused,
+    // naming both.
+    let more = hami_value(&[&[(1, 4000, 0)], &[(0, 5000, 50)]]);
+    let e = run(
+        &container("main", &[(VOLCANO, &more)], &[]),
+        Some(&cp),
+        &config(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(VOLCANO), "{e}");
+    // Not among what kubelet recorded (another GPU): refused under "kubelet".
+    let forged = hami_value(&[&[(2, 3000, 0)]]);
+    let single = plugin_record("volcano.sh/vgpu-number", &[("main", 1, 3000, 0)]);
+    assert!(
+        run(
+            &container("main", &[(VOLCANO, &forged)], &[]),
+            Some(&single),
+            &config()
+        )
+        .is_err()
+    );
+    // The Volcano and HAMi annotations on one pod must agree.
+    let both = [
+        (VOLCANO, v.as_str()),
+        ("hami.io/vgpu-devices-allocated", more.as_str()),
+    ];
+    let mut c = believing(TrustAnnotations::Believed);
+    c.allocation.trust_env = gpufence::config::TrustEnv::All(false);
+    assert!(run(&container("main", &both, &[]), Some(&cp), &c).is_err());
+}
+
+/// HAMi v2.10's reservation of container 0's device 0 on GPU 2 (MIG enabled), profile
+/// `1g.10gb`, with the runtime identity of MIG device `2:<mig>` (GI `mig + 1`, CI 0) or none.
+fn mig_reservation(runtime: Option<(u32, u32)>) -> String {
+    let rt = runtime.map_or(String::new(), |(mig, gi)| {
+        format!(
+            r#","migUUID":"{}","gpuInstanceID":{gi},"computeInstanceID":0"#,
+            mig_uuid(2, mig)
+        )
+    });
+    format!(
+        r#"[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{}","profile":"1g.10gb","placement":{{"start":{},"size":1}}{rt}}}]"#,
+        uuid(2),
+        runtime.map_or(0, |(m, _)| m)
+    )
+}
+
+#[test]
+fn hami_dynamic_mig_reservation_fences_exactly_its_mig_device() {
+    const MIG: &str = "hami.io/vgpu-mig-allocations";
+    // HAMi's device plugin in MIG mode returns the MIG device's UUID; kubelet records it.
+    let cp = kubelet::checkpoint_json(vec![kubelet::entry(
+        POD,
+        "main",
+        "nvidia.com/gpu",
+        &[&format!("{}-0", uuid(2))],
+        kubelet::encode_alloc_resp(&[("NVIDIA_VISIBLE_DEVICES", &mig_uuid(2, 1))], &[]),
+    )]);
+    let hami = hami_value(&[&[(2, 10240, 0)]]);
+    let mig_of = |p: &Plan| -> Vec<DeviceRef> {
+        p.allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .iter()
+            .map(|d| d.device)
+            .collect()
+    };
+    for runtime in [Some((1, 2)), None] {
+        let r = mig_reservation(runtime);
+        let ann = [
+            ("hami.io/vgpu-devices-allocated", hami.as_str()),
+            (MIG, r.as_str()),
+        ];
+        let p = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap();
+        assert_eq!(
+            mig_of(&p),
+            [DeviceRef::Mig { gpu: 2, mig: 1 }],
+            "{runtime:?}"
+        );
+        let a = p.allocation.as_ref().unwrap();
+        assert_eq!(
+            (a.devices[0].memory_limit, a.devices[0].cores),
+            (None, None)
+        );
+        // Its caps, not the other MIG device's; its UUID is what CUDA sees.
+        let nodes: Vec<&str> = p
+            .edits
+            .device_nodes
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect();
+        assert!(
+            nodes.contains(&"/dev/nvidia-caps/nvidia-cap110"),
+            "{nodes:?}"
+        );
+        assert!(
+            !nodes.contains(&"/dev/nvidia-caps/nvidia-cap100"),
+            "{nodes:?}"
+        );
+        assert!(
+            p.edits
+                .env
+                .contains(&format!("NVIDIA_VISIBLE_DEVICES={}", mig_uuid(2, 1)))
+        );
+    }
+    // Refused: another MIG device than kubelet recorded, a runtime identity that is not this
+    // node's, a reservation of a device the HAMi annotation does not have, another GPU.
+    let other = mig_reservation(Some((0, 1)));
+    let wrong_gi = mig_reservation(Some((1, 5)));
+    let past = mig_reservation(Some((1, 2))).replace(r#""deviceIndex":0"#, r#""deviceIndex":1"#);
+    let gpu1 = mig_reservation(Some((1, 2))).replace(&uuid(2), &uuid(1));
+    for (r, why) in [
+        (other.as_str(), ""),
+        (wrong_gi.as_str(), "GPU instance"),
+        (past.as_str(), "does not have"),
+        (gpu1.as_str(), "where hami.io/vgpu-devices-allocated names"),
+    ] {
+        let ann = [("hami.io/vgpu-devices-allocated", hami.as_str()), (MIG, r)];
+        let e = run(&container("main", &ann, &[]), Some(&cp), &config()).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    // Without runtime identity and without kubelet's record naming one: refused, saying so.
+    let none = mig_reservation(None);
+    let ann = [
+        ("hami.io/vgpu-devices-allocated", hami.as_str()),
+        (MIG, none.as_str()),
+    ];
+    let e = run(
+        &container("main", &ann, &[]),
+        None,
+        &believing(TrustAnnotations::Admission),
+    )
+    .unwrap_err();
+    assert_eq!(e.key, MIG, "{e}");
+    assert!(e.why.contains("no runtime identity"), "{e}");
+    // Under "admission" the identity alone names the device.
+    let full = mig_reservation(Some((0, 1)));
+    let ann = [
+        ("hami.io/vgpu-devices-allocated", hami.as_str()),
+        (MIG, full.as_str()),
+    ];
+    let p = run(
+        &container("main", &ann, &[]),
+        None,
+        &believing(TrustAnnotations::Admission),
+    )
+    .unwrap();
+    assert_eq!(mig_of(&p), [DeviceRef::Mig { gpu: 2, mig: 0 }]);
 }
 
 #[test]
@@ -355,6 +524,9 @@ fn configure_passes_the_scheduler_annotations() {
         "hami.io/vgpu-devices-allocated",
         "ALIYUN_COM_GPU_MEM_*",
         "nvidia.com/container.*",
+        "scheduling.koordinator.sh/device-allocated",
+        "volcano.sh/vgpu-ids-new",
+        "hami.io/vgpu-mig-allocations",
     ] {
         assert!(list.contains(&k), "{k}");
     }

@@ -308,6 +308,7 @@ fn installer_image_installs_serves_a_cri_pod_and_uninstalls() {
     for f in [
         "usr/bin/gpufence",
         "usr/bin/gpufence-runtime",
+        "usr/bin/gpufence-runtime-wrapper",
         "usr/lib/gpufence/libgpufence.so",
         "etc/gpufence/config.toml",
         "usr/share/gpufence/hooks/gpufence.json",
@@ -335,6 +336,7 @@ fn installer_image_installs_serves_a_cri_pod_and_uninstalls() {
         std::fs::read(host.join("usr/bin/gpufence-runtime")).unwrap(),
         std::fs::read(image_root.join("usr/bin/gpufence-runtime")).unwrap()
     );
+    assert!(host.join("usr/bin/gpufence-runtime-wrapper").is_file());
     assert!(host.join("usr/lib/gpufence/libgpufence.so").is_file());
     assert!(!host.join("sim/state/inventory.json").exists(), "{out}");
     let main = std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap();

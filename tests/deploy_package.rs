@@ -104,6 +104,7 @@ fn deb_files(root: &Path) -> BTreeSet<String> {
 const EXPECTED: &[&str] = &[
     "/usr/bin/gpufence",
     "/usr/bin/gpufence-runtime",
+    "/usr/bin/gpufence-runtime-wrapper",
     "/usr/lib/gpufence/libgpufence.so",
     "/etc/gpufence/config.toml",
     "/usr/share/gpufence/hooks/gpufence.json",
@@ -139,6 +140,7 @@ fn deb_installs_upgrades_and_purges_in_a_clean_root_and_rpm_lists_the_same_files
             & 0o777
     };
     assert_eq!(mode("/usr/bin/gpufence-runtime"), 0o755);
+    assert_eq!(mode("/usr/bin/gpufence-runtime-wrapper"), 0o755);
     assert_eq!(mode("/usr/lib/gpufence/libgpufence.so"), 0o644);
     assert!(root.join("var/log/gpufence.log").is_file(), "postinst ran");
     let conffiles = dpkg(&root, &["--status", "gpufence"]);

@@ -34,7 +34,7 @@ mod runtime_support;
 
 use std::path::{Path, PathBuf};
 
-use cri_support::Containerd;
+use cri_support::{Applier, Containerd, assert_refused};
 use gpufence::kubelet::{self, proto};
 use gpufence::sim::gpu_uuid;
 
@@ -65,12 +65,9 @@ const CDI_ANNOTATION: &str = "cdi.k8s.io/nvidia-device-plugin_c0ffee";
 const SHARE_ID: &str = "k8s.gpu.example.com/claim=c0ffee00-0000-4000-8000-00000000005e-gpu-0";
 const HAMI_ID: &str = "hami.io/claim=c0ffee00-0000-4000-8000-0000000000a4-gpu-0";
 
-/// Facts beyond runtime_support's PROBE: `mkN` (GPU N's node made by hand in the container),
+/// Facts beyond runtime_support's PROBE and `mkN` (cri_support::PROBE_MKNOD):
 /// the first device's cores, the second device's memory and UUID in the quota file.
 const PROBE_MORE: &str = r#"
-for n in 0 1 2 3; do
-  mknod /tmp/mk$n c 195 $n 2>/dev/null && echo "mk$n=$(probe /tmp/mk$n)" || echo "mk$n=EPERM"
-done
 q() { grep "^device.$1=" /run/gpufence/quota 2>/dev/null | cut -d= -f2; }
 echo "quota_cores=$(q 0.cores)"
 echo "quota1_mem=$(q 1.memory)"
@@ -78,7 +75,11 @@ echo "quota1_uuid=$(q 1.uuid)"
 "#;
 
 fn probe() -> String {
-    format!("{}{PROBE_MORE}", runtime_support::PROBE)
+    format!(
+        "{}{}{PROBE_MORE}",
+        runtime_support::PROBE,
+        cri_support::PROBE_MKNOD
+    )
 }
 
 /// A device node of the simulated node in a CDI spec: the container path and the host's.
@@ -407,15 +408,7 @@ impl World {
     }
 }
 
-/// The applier under test.
-#[derive(Clone, Copy, PartialEq)]
-enum Applier {
-    Handler,
-    Nri,
-}
-
-/// One pod through the applier: `extra` adds request fields (`cdi_devices`, `devices`,
-/// `pod_annotations`).
+/// One pod through the applier, on the CUDA-like image unless `extra` names another.
 fn pod(
     py: &Path,
     c: &Containerd,
@@ -424,12 +417,7 @@ fn pod(
     name: &str,
     extra: serde_json::Value,
 ) -> serde_json::Value {
-    let mut extra = extra;
-    extra["image"] = "localhost/cuda:test".into();
-    if a == Applier::Handler {
-        extra["handler"] = "gpufence".into();
-    }
-    cri_support::request(py, &c.sock, &w.s, name, &probe(), extra)
+    cri_support::applier_pod(py, &c.sock, &w.s, a, name, &probe(), extra)
 }
 
 /// Exactly the GPUs of `gpus` openable (ENXIO: a node with no driver behind it), every other
@@ -440,15 +428,8 @@ fn assert_fenced(r: &serde_json::Value, gpus: &[(u32, Option<u64>)], cores: &str
     assert_eq!(r["stage"], "done", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
     let f = runtime_support::facts(r["log"].as_str().unwrap());
-    for n in 0..4u32 {
-        let (node, made) = if gpus.iter().any(|(g, _)| *g == n) {
-            ("ENXIO", "ENXIO")
-        } else {
-            ("ABSENT", "EPERM")
-        };
-        assert_eq!(f[&format!("gpu{n}")], node, "gpu{n}: {r}");
-        assert_eq!(f[&format!("mk{n}")], made, "mk{n}: {r}");
-    }
+    let indexes: Vec<u32> = gpus.iter().map(|(g, _)| *g).collect();
+    cri_support::assert_only_gpus(&f, r, &indexes);
     assert_eq!(f["ctl"], "ENXIO", "{r}");
     assert_eq!(f["preload"], "/usr/lib/gpufence/libgpufence.so", "{r}");
     let shown = |m: Option<u64>| m.map(|m| m.to_string()).unwrap_or_default();
@@ -475,17 +456,6 @@ fn assert_fenced(r: &serde_json::Value, gpus: &[(u32, Option<u64>)], cores: &str
     );
     assert_eq!(f["quota_write"], "DENIED", "{r}");
     assert_eq!(f["env_state"], "/run/gpufence", "{r}");
-}
-
-/// Refused (at CreateContainer by NRI, at StartContainer by the handler) with one line holding
-/// every piece of `want`.
-fn assert_refused(r: &serde_json::Value, want: &[&str]) {
-    assert_ne!(r["stage"], "done", "{r}");
-    let e = r["error"].as_str().unwrap_or_default();
-    eprintln!("refused: {e}");
-    for w in want {
-        assert!(e.contains(w), "{w:?} not in: {e}");
-    }
 }
 
 /// Every device-borne path, through one applier on one containerd.

@@ -61,6 +61,8 @@ struct TestHandler {
     creates: AtomicUsize,
     syncs: AtomicUsize,
     gone: Mutex<Vec<(String, Gone)>>,
+    /// Subscribes to ValidateContainerAdjustment (and accepts every adjustment).
+    validating: bool,
 }
 
 impl Handler for TestHandler {
@@ -103,6 +105,9 @@ impl Handler for TestHandler {
     }
     fn synchronize(&self, _pods: &[api::PodSandbox], _containers: &[api::Container]) {
         self.syncs.fetch_add(1, Ordering::SeqCst);
+    }
+    fn validates(&self) -> bool {
+        self.validating
     }
 }
 
@@ -149,6 +154,7 @@ fn with_test_plugin(
         creates: AtomicUsize::new(0),
         syncs: AtomicUsize::new(0),
         gone: Mutex::new(Vec::new()),
+        validating: false,
     });
     (s, cdir, config, c, h)
 }
@@ -274,6 +280,13 @@ fn validated_node(bin: &Path, name: &str) -> (PathBuf, runtime_support::Node, Pa
     (s, node, cdir, config)
 }
 
+/// The CRI client's answer: the container's creation refused with `text` in the error.
+fn create_refused(r: &serde_json::Value, text: &str) {
+    assert_eq!(r["stage"], "create_container", "{r}");
+    let err = r["error"].as_str().unwrap_or_default();
+    assert!(err.contains(text), "{r}");
+}
+
 /// The CRI client's answer says NRI's default validator refused the container for want of
 /// `gpufence`.
 fn validator_refused(r: &serde_json::Value) {
@@ -389,14 +402,7 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
     // runtime would have dropped the plugin and created the container unadjusted).
     let slow = serde_json::json!({"envs": {"NRI_TEST_SLEEP_MS": "3000"}});
     let r = pod(&py, &c.sock, &s, "slow", PROBE, slow);
-    assert_eq!(r["stage"], "create_container", "{r}");
-    assert!(
-        r["error"]
-            .as_str()
-            .unwrap()
-            .contains("no decision within 1.5s"),
-        "{r}"
-    );
+    create_refused(&r, "no decision within 1.5s");
     let r = pod(
         &py,
         &c.sock,
@@ -408,27 +414,10 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
     assert_eq!(r["log"], "env=app\nfrom-the-host\n", "{r}");
 
     // The plugin dies between a pod's sandbox and its container: NRI still lists it.
-    let gate = s.join("gate");
-    let req = serde_json::json!({"wait_before_create": gate});
-    let (py2, sock, s2) = (py.clone(), c.sock.clone(), s.clone());
-    let client = std::thread::spawn(move || {
-        let mut full = serde_json::json!({
-            "socket": sock, "handler": "", "dir": s2, "name": "crash-window",
-            "image": "localhost/pause:test", "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
-        });
-        full["wait_before_create"] = req["wait_before_create"].clone();
-        cri_support::client(&py2, &full)
+    let r = crash_window(&py, &c.sock, &s, "crash-window", || {
+        stop.stop();
+        t.join().unwrap();
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !s.join("gate.ready").exists() {
-        assert!(Instant::now() < deadline, "sandbox not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    stop.stop();
-    t.join().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    std::fs::write(&gate, "").unwrap();
-    let r = client.join().unwrap();
     assert_eq!(
         (r["stage"].as_str(), r["log"].as_str()),
         (Some("done"), Some(unadjusted)),
@@ -443,10 +432,62 @@ fn nri_validator_gaps_timeout_and_crash_before_pruning() {
         PROBE,
         serde_json::json!({}),
     ));
+
+    // A plugin that validates closes the crash window: NRI asks the dead plugin to validate
+    // that very creation, which fails, and the container is refused.
+    let h = Arc::new(TestHandler {
+        mount_src: h.mount_src.clone(),
+        creates: AtomicUsize::new(0),
+        syncs: AtomicUsize::new(0),
+        gone: Mutex::new(Vec::new()),
+        validating: true,
+    });
+    let (stop, t) = start_plugin(&c.sock.with_file_name("nri.sock"), &h);
+    wait_synced(&h, 0, "validating");
+    let r = crash_window(&py, &c.sock, &s, "crash-validated", || {
+        stop.stop();
+        t.join().unwrap();
+    });
+    create_refused(&r, "validator plugin 10-gpufence failed");
 }
 
-/// kubelet's record of one GPU for container `app` of each pod (UID `<pod>-uid`, as
-/// tests/cri/cri_client.py creates pods): what NVIDIA's device plugin returned from Allocate.
+/// Pod `name` through the CRI client, whose container is created only after `between` ran with
+/// its sandbox up (the client waits on a gate file): the client's answer.
+fn crash_window(
+    py: &Path,
+    sock: &Path,
+    s: &Path,
+    name: &str,
+    between: impl FnOnce(),
+) -> serde_json::Value {
+    let gate = s.join(format!("{name}.gate"));
+    let (py2, sock, s2, name2) = (
+        py.to_path_buf(),
+        sock.to_path_buf(),
+        s.to_path_buf(),
+        name.to_string(),
+    );
+    let gate2 = gate.clone();
+    let client = std::thread::spawn(move || {
+        let full = serde_json::json!({
+            "socket": sock, "handler": "", "dir": s2, "name": name2,
+            "image": "localhost/pause:test", "command": ["/bin/sh", "-c", PROBE], "timeout": 30,
+            "wait_before_create": gate2,
+        });
+        cri_support::client(&py2, &full)
+    });
+    let ready = s.join(format!("{name}.gate.ready"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "sandbox not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    between();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(&gate, "").unwrap();
+    client.join().unwrap()
+}
+
 /// How many times `gpufence hook update-ldcache` refreshed a container's ld cache (its log line).
 fn ldcache_hook_runs(log: &Path) -> usize {
     std::fs::read_to_string(log)
@@ -995,13 +1036,15 @@ fn signal(p: &NriProcess, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), sig).unwrap();
 }
 
-/// The windows NRI leaves (docs/nri.md), closed after the fact: a GPU container created while
-/// the plugin was stopped past NRI's request timeout (NRI drops it and creates the container
-/// unadjusted, the validator passing) is stopped by the plugin at its next Synchronize — when it
-/// runs again, when it is killed and started again, and when it reconnects to a restarted
-/// containerd. Each bound (from the event — the plugin let run, started again, containerd
-/// started again — to the container's end as CRI reports it) is printed and held under 5 s;
-/// each is counted (`unfenced`) and logged in one line.
+/// The windows NRI leaves (docs/nri.md): closed at creation where gpufence validates (a GPU
+/// container created while the plugin is stopped past NRI's request timeout is refused: NRI
+/// asks the dropped plugin to validate, which fails), and after the fact where it does not
+/// (`--no-validation`, as on a runtime without validation): NRI drops the plugin and creates
+/// the container unadjusted, the default validator passing, and the plugin stops it at its next
+/// Synchronize — when it runs again, when it is killed and started again, and when it
+/// reconnects to a restarted containerd. Each bound (from the event — the plugin let run,
+/// started again, containerd started again — to the container's end as CRI reports it) is
+/// printed and held under 5 s; each is counted (`unfenced`) and logged in one line.
 #[test]
 fn nri_fences_after_the_fact_what_was_created_without_it() {
     use nix::sys::signal::Signal;
@@ -1009,6 +1052,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
         return;
     };
     let pods = [
+        "late-validated",
         "late-resumed",
         "late-restarted",
         "late-containerd",
@@ -1019,6 +1063,26 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     let nri_log = s.join("nri.stderr");
     let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
     wait_registered(&node.log, 1);
+
+    // 0. gpufence validating: the creation NRI gives up on is refused, never unfenced.
+    signal(&plugin, Signal::SIGSTOP);
+    let late = probing_gpu_pod(&py, &c.sock, &s, &node, "late-validated");
+    let r = late.join().unwrap();
+    create_refused(&r, "validator plugin 90-gpufence failed");
+    signal(&plugin, Signal::SIGCONT);
+    wait_registered(&node.log, 2);
+    drop(plugin);
+
+    // Without validation, as on a runtime that offers none: the windows, closed after the fact.
+    let no_validation = ["--no-validation"];
+    let spawn = || cri_support::spawn_nri_with(&node.config, &nri_sock, &nri_log, &no_validation);
+    let plugin = spawn();
+    wait_registered(&node.log, 3);
+    let out = std::fs::read_to_string(&nri_log).unwrap();
+    assert!(
+        out.contains("gpufence nri: NRI: validation turned off (--no-validation)"),
+        "{out}"
+    );
     let mut bounds = Vec::new();
 
     // 1. Stopped past NRI's timeout while the pod is created, then let run again.
@@ -1035,14 +1099,14 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
     wait_unfenced(&s, "late-restarted");
     drop(plugin);
     let t0 = now_ns();
-    let plugin = spawn_nri(&node.config, &nri_sock, &nri_log);
+    let plugin = spawn();
     bounds.push((
         "killed, restarted",
         fenced_within(&late.join().unwrap(), t0),
     ));
 
     // 3. Stopped past the timeout; containerd restarts; the plugin reconnects to it.
-    wait_registered(&node.log, 3);
+    wait_registered(&node.log, 5);
     signal(&plugin, Signal::SIGSTOP);
     let late = probing_gpu_pod(&py, &c.sock, &s, &node, "late-containerd");
     wait_unfenced(&s, "late-containerd");
@@ -1061,7 +1125,7 @@ fn nri_fences_after_the_fact_what_was_created_without_it() {
 
     // A GPU pod gpufence fenced at creation is left alone by the check at PostStartContainer
     // (nri_enforces_the_plan: and by the Synchronize of a plugin restart while it runs).
-    wait_registered(&node.log, 4);
+    wait_registered(&node.log, 6);
     let r = pod(
         &py,
         &c.sock,
@@ -1183,7 +1247,13 @@ fn nri_on_crio_1_36() {
     wait_registered(&node.log, 2);
     assert_fenced_to_gpu1(&pod(&py, &sock, &s, "back-pod", probe, gpu), 1 << 30);
 
-    // After the fact: stopped past NRI's timeout while a GPU pod is created, then let run.
+    // After the fact: stopped past NRI's timeout while a GPU pod is created, then let run
+    // (without validation, which would refuse that creation: `nri_fences_after_the_fact_…`).
+    drop(plugin);
+    let no_validation = ["--no-validation"];
+    let plugin =
+        cri_support::spawn_nri_with(&node.config, &crio.nri_socket(), &nri_log, &no_validation);
+    wait_registered(&node.log, 3);
     signal(&plugin, Signal::SIGSTOP);
     let late = probing_gpu_pod(&py, &sock, &s, &node, "late-pod");
     wait_unfenced(&s, "late-pod");
@@ -1208,7 +1278,7 @@ fn nri_on_crio_1_36() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     crio.start();
-    wait_registered(&node.log, 4);
+    wait_registered(&node.log, 5);
     assert_eq!(runs(&py, &sock, &s, "prereg-pod", "echo ran"), "ran\n");
     assert!(
         std::fs::read_to_string(&node.log)
@@ -1221,4 +1291,162 @@ fn nri_on_crio_1_36() {
     gpufence("unconfigure");
     assert!(!crio.dir.join("crio.conf.d/99-gpufence-nri.conf").exists());
     assert_eq!(std::fs::read_to_string(crio.config()).unwrap(), original);
+}
+
+/// A scratch dir, [`kubelet_gpu1_node`] granting GPU 1 to `agreeing-pod`, and a CDI spec
+/// directory (gpufence's `cdi.spec-dirs`) where `nvidia.com/gpu=0` is the simulated GPU 0's node,
+/// as NVIDIA's toolkit writes it: (scratch, node, CDI directory).
+fn injector_node(name: &str) -> (PathBuf, runtime_support::Node, PathBuf) {
+    let s = common::scratch(name);
+    let cdi = s.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let mut dirs = toml_edit::Array::new();
+    dirs.push(cdi.display().to_string());
+    let extra = [("cdi.spec-dirs", toml_edit::value(dirs))];
+    let node = cri_support::gpu1::kubelet_gpu1_node_in(&s, &["agreeing-pod"], &extra);
+    let dev = node.dir.canonicalize().unwrap().join("dev");
+    let spec = serde_json::json!({"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [
+            {"path": "/dev/nvidia0", "hostPath": dev.join("nvidia0")}]}}]});
+    std::fs::write(cdi.join("nvidia.json"), spec.to_string()).unwrap();
+    (s, node, cdi)
+}
+
+/// With `gpufence nri` and the project's injector registered on one runtime (CRI socket
+/// `sock`): what the injector adds that gpufence did not plan never reaches a container — the
+/// creation is refused by gpufence's validation, naming the injector and what it added — and
+/// what agrees with the plan passes.
+fn validation_cases(py: &Path, sock: &Path, s: &Path, node: &runtime_support::Node) {
+    use cri_support::injector::{CDI_PREFIX, device_key, env_key};
+    // Said in the log and in `gpufence nri`'s own output.
+    for out in [node.log.clone(), s.join("nri.stderr")] {
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            text.contains("NRI: validating the merged adjustment of every plugin"),
+            "{}: {text}",
+            out.display()
+        );
+    }
+    let create_error = |name: &str, annotations: serde_json::Value| {
+        let req = serde_json::json!({"pod_annotations": annotations});
+        let r = pod(py, sock, s, name, "echo ran", req);
+        assert_eq!(r["stage"], "create_container", "{r}");
+        eprintln!("{name}: {}", r["error"]);
+        r["error"].as_str().unwrap().to_string()
+    };
+    let refused = |name: &str, annotations: serde_json::Value, by: &str, added: &str| {
+        let err = create_error(name, annotations);
+        assert!(err.contains("validator \"90-gpufence\" rejected"), "{err}");
+        assert!(
+            err.contains(&format!("plugin \"{by}\" added {added}")),
+            "{err}"
+        );
+    };
+    // A pod with no grant asks the other plugin for GPU 0, as NVIDIA's NRI plugin is asked.
+    refused(
+        "asks-cdi",
+        serde_json::json!({format!("{CDI_PREFIX}app"): "nvidia.com/gpu=0"}),
+        "10-injector",
+        "CDI device nvidia.com/gpu=0 (device node /dev/nvidia0 195:0)",
+    );
+    // The node itself, added after gpufence: the validation names the plugin; added before,
+    // gpufence's own decision already sees it in the container and refuses it.
+    refused(
+        "asks-node",
+        serde_json::json!({device_key("late-injector", "app"): "/dev/nvidia0=195:0"}),
+        "95-late-injector",
+        "device node /dev/nvidia0 (c 195:0)",
+    );
+    let err = create_error(
+        "asks-node-early",
+        serde_json::json!({device_key("injector", "app"): "/dev/nvidia0=195:0"}),
+    );
+    assert!(
+        err.contains("linux.devices=\"/dev/nvidia0\": GPU 0")
+            && err.contains("is not among what kubelet recorded"),
+        "{err}"
+    );
+    // koordlet's HAMi-core preload: refused, naming what to turn off on Koordinator's side.
+    refused(
+        "preload-pod",
+        serde_json::json!({env_key("injector", "app"): "LD_PRELOAD=/usr/local/vgpu/libvgpu.so"}),
+        "10-injector",
+        "env LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces: turn \
+         off Koordinator's HAMi-core isolation",
+    );
+    // What agrees passes: koordlet's NVIDIA_VISIBLE_DEVICES=<minor> for the granted GPU 1
+    // (gpufence leaves the key to it: NRI refuses two plugins setting one key); a pod with
+    // nothing added.
+    let mut agreeing = gpu1_request("2Gi", "localhost/pause:test");
+    agreeing["pod_annotations"][env_key("injector", "app")] = "NVIDIA_VISIBLE_DEVICES=1".into();
+    let command = format!(
+        "echo nvd=$NVIDIA_VISIBLE_DEVICES\n{}",
+        runtime_support::PROBE
+    );
+    let r = pod(py, sock, s, "agreeing-pod", &command, agreeing);
+    assert_fenced_to_gpu1(&r, 2 << 30);
+    assert_eq!(
+        runtime_support::facts(r["log"].as_str().unwrap())["nvd"],
+        "1",
+        "{r}"
+    );
+    assert_eq!(runs(py, sock, s, "plain-pod", "echo ran"), "ran\n");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert_eq!(
+        log.matches("NRI: merged adjustment refused").count(),
+        3,
+        "{log}"
+    );
+}
+
+/// Both injectors on NRI socket `socket` (index 10, before gpufence; 95, after it), run while
+/// [`validation_cases`] runs.
+fn with_injectors(socket: &Path, cases: impl FnOnce()) {
+    let early = cri_support::injector::start(socket, "injector", "10");
+    let late = cri_support::injector::start(socket, "late-injector", "95");
+    cases();
+    for (stop, t) in [early, late] {
+        stop.stop();
+        t.join().unwrap();
+    }
+}
+
+/// The last word over NRI on containerd 2.3.4: gpufence validates the merged adjustment of
+/// every plugin; the project's injector (`tests/cri_support/injector.rs`) stands for the others.
+#[test]
+fn nri_validation_refuses_what_another_plugin_adds() {
+    let Some((bin, py)) = prerequisites() else {
+        return;
+    };
+    let (s, node, cdi) = injector_node("nri-validate");
+    let cdir = s.join("containerd");
+    let config = containerd_config(&bin, &cdir, &["gpufence"]);
+    cri_support::set_cdi_spec_dirs(&config, &[&cdi]);
+    let c = start_containerd23(&bin, &cdir, &config);
+    cri_support::import_image(&s, &c);
+    let nri_sock = cdir.join("nri.sock");
+    let plugin = spawn_nri(&node.config, &nri_sock, &s.join("nri.stderr"));
+    wait_registered(&node.log, 1);
+    with_injectors(&nri_sock, || validation_cases(&py, &c.sock, &s, &node));
+    drop(plugin);
+}
+
+/// The same on CRI-O 1.36.3 (NRI v0.11.0).
+#[test]
+fn nri_validation_on_crio_1_36() {
+    let Some(py) = cri_support::python() else {
+        return;
+    };
+    let Some(bin) = cri_support::crio::engine() else {
+        return;
+    };
+    let (s, node, _cdi) = injector_node("crio-nri-validate");
+    let mut crio = cri_support::crio::setup(&s, &bin, &cri_support::crio::Options::default());
+    crio.start();
+    let plugin = spawn_nri(&node.config, &crio.nri_socket(), &s.join("nri.stderr"));
+    wait_registered(&node.log, 1);
+    with_injectors(&crio.nri_socket(), || {
+        validation_cases(&py, &crio.sock, &s, &node)
+    });
+    drop(plugin);
 }

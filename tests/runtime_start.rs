@@ -1,5 +1,6 @@
-//! gpufence-runtime's own start-up (`#![no_main]`, no std runtime init): what std's start-up did
-//! that matters still holds. Standard descriptors closed by the caller are opened on /dev/null
+//! gpufence-runtime's own start-up (the entry and the wrapper beside it that it execs, both
+//! `#![no_main]`, no std runtime init): what std's start-up did that matters still holds on
+//! both paths. Standard descriptors closed by the caller are opened on /dev/null
 //! before anything else (so no file the wrapper opens becomes stdout/stderr, and the real runtime
 //! inherits the placeholders), SIGPIPE is back at its default for the real runtime, argv passes
 //! through unchanged. No root needed: a pass-through subcommand execs the configured "runtime",
@@ -151,16 +152,68 @@ fn pass_through_follows_a_changed_configuration() {
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "state x\n");
     assert!(!record.exists(), "the first runtime ran again");
 
-    // runtime.path naming gpufence-runtime itself: refused, on every call.
-    let me = common::bin("gpufence-runtime");
-    std::fs::write(
-        &config,
-        text.replace(first, &format!("path = \"{}\"", me.display())),
+    // runtime.path naming gpufence-runtime itself, or the wrapper it execs: refused, on every
+    // call.
+    for own in ["gpufence-runtime", "gpufence-runtime-wrapper"] {
+        let me = common::bin(own);
+        std::fs::write(
+            &config,
+            text.replace(first, &format!("path = \"{}\"", me.display())),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            let out = call();
+            assert!(!out.status.success(), "{own}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("is gpufence-runtime itself"),
+                "{own}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// The entry runs its wrapper from its own directory only: copied alone, without the wrapper
+/// beside it, it fails a call it cannot pass through, with one line naming the missing binary —
+/// even with a wrapper on PATH.
+#[test]
+fn the_entry_runs_only_the_wrapper_beside_it() {
+    let s = common::scratch("rt-start-alone");
+    let (config, _record) = recording_runtime(&s);
+    let alone = s.join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(
+        common::bin("gpufence-runtime"),
+        alone.join("gpufence-runtime"),
     )
     .unwrap();
-    for _ in 0..2 {
-        let out = call();
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("is gpufence-runtime itself"));
-    }
+    let on_path = common::bin("gpufence-runtime-wrapper");
+    let run = || {
+        Command::new(alone.join("gpufence-runtime"))
+            .env("GPUFENCE_CONFIG", &config)
+            .env("PATH", on_path.parent().unwrap())
+            .args(["create", "--bundle", "/nonexistent-bundle", "x"])
+            .output()
+    };
+    // The copy's write descriptor may still be open in a child another test thread is forking
+    // (ETXTBSY until that child execs): retry for up to a second.
+    let mut tries = 0;
+    let out = loop {
+        match run() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => break r.unwrap(),
+        }
+    };
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot run its wrapper {}",
+            alone.join("gpufence-runtime-wrapper").display()
+        )),
+        "{err}"
+    );
 }

@@ -56,6 +56,14 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
                     | "cuEventSynchronize"
                     | "cuEventElapsedTime"
                     | "cuGraphInstantiateWithFlags"
+                    | "cuMemAddressReserve"
+                    | "cuMemSetAccess"
+                    | "cuMemHostAlloc"
+                    | "cuMemFreeHost"
+                    | "cuIpcGetMemHandle"
+                    | "cuIpcOpenMemHandle_v2"
+                    | "cuIpcCloseMemHandle"
+                    | "cuMemExportToShareableHandle"
             );
             if wrapped {
                 assert_eq!(f[2], "libgpufence.so", "{mode}: {l}");
@@ -364,6 +372,168 @@ fn graph_memory_counts_from_launch_until_trim() {
     );
 }
 
+/// Issue 33: every other way memory enters a CUDA graph counts as capture and
+/// `cuGraphAddMemAllocNode` do: a memory node added by the generic `cuGraphAddNode` (and its
+/// `_v2`), a clone of a graph with memory nodes, a child graph moved into its parent, an
+/// instantiation uploaded (`cuGraphUpload`, or `cuGraphInstantiateWithParams` with the upload
+/// flag: memory taken before any launch), and an instantiation updated to a graph with more
+/// memory (`cuGraphExecUpdate`, both versions). Parameters that would change a memory node
+/// afterwards are refused.
+#[test]
+fn every_way_memory_enters_a_graph_counts() {
+    on_every_path_with_100_mib(
+        "shim-graphways",
+        "graphaddnode 30M graphaddnode2 30M info graphclone 30M info graphaddnode 30M graphtrim \
+         graphchild 40M graphupload 40M info graphinstupload 30M graphaddnode2 30M graphtrim info \
+         graphupdate 20M 50M info graphupdate 20M 60M graphupdate1 10M 40M graphtrim \
+         graphchildclone 10M graphsetparams 90M info",
+        |mode, out| {
+            let q = (100 * MIB).to_string();
+            let infos: Vec<String> = lines(out, "info").iter().map(|l| l.to_string()).collect();
+            assert_eq!(
+                infos,
+                vec![
+                    format!("info {} {q}", 40 * MIB),
+                    format!("info {} {q}", 10 * MIB),
+                    format!("info {} {q}", 20 * MIB),
+                    format!("info {q} {q}"),
+                    // 20 MiB launched, updated to a graph of 50 MiB: 50 MiB held
+                    format!("info {} {q}", 50 * MIB),
+                    format!("info {q} {q}"),
+                ],
+                "{mode}: {out}"
+            );
+            for want in [
+                format!("graphaddnode {} ok", 30 * MIB),
+                format!("graphaddnode2 {} ok", 30 * MIB),
+                format!("graphclone {} ok", 30 * MIB),
+                // 90 MiB held by the three graphs: a fourth does not fit
+                format!("graphaddnode {} err 2", 30 * MIB),
+                format!("graphchild {} ok", 40 * MIB),
+                format!("graphupload {} ok", 40 * MIB),
+                // 80 MiB held by the launched child graph and the uploaded one
+                format!("graphinstupload {} err 2", 30 * MIB),
+                format!("graphaddnode2 {} err 2", 30 * MIB),
+                format!("graphupdate {} ok", 50 * MIB),
+                // 50 + 20 held; growing the second graph to 60 MiB needs 40 more: refused
+                format!("graphupdate {} err 2", 60 * MIB),
+                // 50 + 20 + 10 held; the v1 update to 40 MiB needs 30 more: refused
+                format!("graphupdate1 {} err 2", 40 * MIB),
+                // the driver refuses a cloned child with memory nodes, and new parameters for a
+                // memory node
+                format!("graphchildclone {} err 801", 10 * MIB),
+                format!("graphsetparams {} err 801", 90 * MIB),
+            ] {
+                assert!(out.contains(&want), "{mode}: {want}: {out}");
+            }
+        },
+    );
+}
+
+/// Issue 33: every way to device memory the driver offers (and NVIDIA's runtime resolves), one
+/// row each: 40 MiB through it is charged (24 MiB of the 64 MiB slice left), 30 MiB more through
+/// it is refused, and everything comes back once freed. The first column is the command of the
+/// client (tests/fixtures/cuda_client.c), then its arguments for 40 MiB and for 30 MiB.
+const DEVICE_MEMORY_PATHS: &[(&str, &str, &str)] = &[
+    ("alloc", "40M", "30M"),                   // cuMemAlloc_v2
+    ("managed", "40M", "30M"),                 // cuMemAllocManaged
+    ("pitch", "40960 1024", "30720 1024"),     // cuMemAllocPitch_v2
+    ("async", "40M", "30M"),                   // cuMemAllocAsync
+    ("ptsz", "40M", "30M"),                    // cuMemAllocAsync_ptsz
+    ("pool", "40M", "30M"),                    // cuMemAllocFromPoolAsync, default pool
+    ("newpool", "40M", "30M"),                 // cuMemAllocFromPoolAsync, created pool
+    ("vmm", "40M", "30M"),                     // cuMemCreate
+    ("vmmmapped", "40M", "30M"),               // cuMemCreate, mapped, handle released at once
+    ("vmmretained", "40M", "30M"),             // cuMemRetainAllocationHandle's reference released
+    ("vmmimport", "40M", "30M"),               // cuMemImportFromShareableHandle, then mapped
+    ("array", "2048 1280", "2048 960"),        // cuArrayCreate_v2 (float4)
+    ("array3d", "128 128 160", "128 128 120"), // cuArray3DCreate_v2
+    ("mipmap", "2048 1280 1", "2048 960 1"),   // cuMipmappedArrayCreate
+    ("graphmem", "20M", "15M"),                // cuMemAllocAsync captured into a graph (twice)
+    ("graphnode", "40M", "30M"),               // cuGraphAddMemAllocNode
+    ("graphaddnode", "40M", "30M"),            // cuGraphAddNode
+    ("graphaddnode2", "40M", "30M"),           // cuGraphAddNode_v2
+    ("graphclone", "40M", "30M"),              // cuGraphClone
+    ("graphchild", "40M", "30M"),              // a child graph moved into its parent
+    ("graphupload", "40M", "30M"),             // cuGraphUpload
+    ("graphinstupload", "40M", "30M"),         // cuGraphInstantiateWithParams, upload flag
+];
+
+#[test]
+fn every_device_memory_path_is_counted_and_refused_past_the_quota() {
+    let Some(node) = Node::new("shim-paths", &[1024]) else {
+        return;
+    };
+    let quota = 64 * MIB;
+    for mode in MODES {
+        for (cmd, first, second) in DEVICE_MEMORY_PATHS {
+            let st = node.state(
+                &format!("{mode}-{cmd}"),
+                Some(&node.quota(&[(0, 0, quota)])),
+            );
+            let script = format!("{cmd} {first} info {cmd} {second} free graphtrim info");
+            let out = node.run(
+                mode,
+                &st,
+                &mib_words(&script)
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            );
+            let results: Vec<&str> = lines(&out, cmd);
+            assert!(
+                results.len() == 2 && results[0].ends_with(" ok") && results[1].ends_with(" err 2"),
+                "{mode} {cmd}: 40 MiB fit, 30 MiB more refused: {out}"
+            );
+            assert_eq!(
+                lines(&out, "info"),
+                vec![
+                    format!("info {} {quota}", 24 * MIB),
+                    format!("info {quota} {quota}")
+                ],
+                "{mode} {cmd}: 40 MiB charged, then given back: {out}"
+            );
+        }
+    }
+}
+
+/// Host memory (`cuMemHostAlloc`) works under a quota and is not charged; an IPC handle opened
+/// in another process of the container maps memory its exporter was charged for, so opening it
+/// charges nothing more.
+#[test]
+fn host_memory_and_ipc_imports_are_not_charged_twice() {
+    on_every_path_with_100_mib(
+        "shim-host-ipc",
+        "hostalloc 80M info hostalloc 30M free info ipcfork 40M info free info",
+        |mode, out| {
+            let q = (100 * MIB).to_string();
+            assert!(
+                out.contains(&format!("hostalloc {} ok", 80 * MIB)),
+                "{mode}: {out}"
+            );
+            assert!(
+                out.contains(&format!("hostalloc {} ok", 30 * MIB)),
+                "{mode}: {out}"
+            );
+            assert_eq!(
+                field(out, "ipcopen"),
+                vec![(40 * MIB).to_string(), "ok".into(), (60 * MIB).to_string()],
+                "{mode}: the child sees the exporter's 40 MiB once: {out}"
+            );
+            assert_eq!(
+                lines(out, "info"),
+                vec![
+                    format!("info {q} {q}"),
+                    format!("info {q} {q}"),
+                    format!("info {} {q}", 60 * MIB),
+                    format!("info {q} {q}"),
+                ],
+                "{mode}: {out}"
+            );
+        },
+    );
+}
+
 /// Issue 33: memory freed into a stream-ordered pool stays with the pool (the driver keeps it for
 /// the pool's next allocations), so it stays charged: until a synchronization gives back what
 /// the pool keeps above its release threshold (0 by default), or a trim. PyTorch's
@@ -407,21 +577,32 @@ fn memory_a_pool_keeps_stays_charged_until_released() {
     );
 }
 
+/// `cuMemAllocAsync` takes from the device's current pool: after `cuDeviceSetMemPool` what a
+/// free keeps is the new pool's, which a trim of the default pool does not give back.
+#[test]
+fn stream_ordered_memory_follows_the_current_pool() {
+    on_every_path_with_100_mib(
+        "shim-setpool",
+        "asyncfree 10M pooltrim info setpool asyncfree 60M pooltrim info",
+        |mode, out| {
+            let q = (100 * MIB).to_string();
+            assert!(out.contains("setpool ok"), "{mode}: {out}");
+            assert_eq!(
+                lines(out, "info"),
+                vec![format!("info {q} {q}"), format!("info {} {q}", 40 * MIB)],
+                "{mode}: {out}"
+            );
+        },
+    );
+}
+
 /// Run the client with `args` (words; `NNM`: NN MiB) on every path to the driver, each under its own
 /// 100 MiB quota, and `check(mode, output)`.
 fn on_every_path_with_100_mib(name: &str, args: &str, check: impl Fn(&str, &str)) {
     let Some(node) = Node::new(name, &[1024]) else {
         return;
     };
-    let args: Vec<String> = args
-        .split_whitespace()
-        .map(
-            |a| match a.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()) {
-                Some(n) => (n * MIB).to_string(),
-                None => a.to_string(),
-            },
-        )
-        .collect();
+    let args = mib_words(args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for mode in MODES {
         let st = node.state(mode, Some(&node.quota(&[(0, 0, 100 * MIB)])));
@@ -689,4 +870,17 @@ fn dlvsym_does_not_bypass_the_shim() {
         );
         assert_eq!(num(&out, "fill"), quota, "{mode}: {out}");
     }
+}
+
+/// The words of a client script, `NNM` turned into NN MiB in bytes.
+fn mib_words(script: &str) -> Vec<String> {
+    script
+        .split_whitespace()
+        .map(
+            |a| match a.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()) {
+                Some(n) => (n * MIB).to_string(),
+                None => a.to_string(),
+            },
+        )
+        .collect()
 }

@@ -2,7 +2,7 @@
 //! raises the number of cases), through kubelet's checkpoint as kubelet writes it:
 //! * whatever kubelet recorded for this container (any channel of the Allocate response, device
 //!   ids with replicas) and for the others, and whatever annotations, mounts and env the pod
-//!   carries in any dialect, every GPU granted is one kubelet recorded for this very container,
+//!   carries in any dialect (Volcano's, Koordinator's and HAMi's MIG reservations too), every GPU granted is one kubelet recorded for this very container,
 //!   backed by its device plugin;
 //! * narrowing what was recorded (a subset, in any order, with lower memory and cores) is always
 //!   allowed and granted exactly.
@@ -114,6 +114,24 @@ fn forged() -> impl Strategy<Value = (String, String)> {
         (0u32..4).prop_map(|g| (
             "nvidia.com/container.main.gpus.devices".to_string(),
             uuid(g)
+        )),
+        (0u32..4).prop_map(|g| (
+            "volcano.sh/vgpu-ids-new".to_string(),
+            format!("{},NVIDIA,1000,10:;", uuid(g))
+        )),
+        // Koordinator names GPUs by device minor (the test inventory's minor is its index).
+        (0u32..4).prop_map(|g| (
+            "scheduling.koordinator.sh/device-allocated".to_string(),
+            format!(r#"{{"gpu":[{{"minor":{g},"resources":{{"koordinator.sh/gpu-core":50}}}}]}}"#)
+        )),
+        (0u32..2).prop_map(|m| (
+            "hami.io/vgpu-mig-allocations".to_string(),
+            format!(
+                r#"[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{}","profile":"1g.10gb","placement":{{"start":{m},"size":1}},"migUUID":"{}","gpuInstanceID":{},"computeInstanceID":0}}]"#,
+                uuid(2),
+                mig_uuid(2, m),
+                m + 1
+            )
         )),
         (0u32..4).prop_map(|g| ("mount:".to_string(), uuid(g))),
         token().prop_map(|t| ("env:NVIDIA_VISIBLE_DEVICES".to_string(), t)),

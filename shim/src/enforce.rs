@@ -47,17 +47,20 @@ pub fn enforce_dev(dev: c_int) -> Option<(&'static Config, Acct)> {
     Some((cfg, a))
 }
 
+/// The CUDA ordinal of the current context (None: the driver cannot say).
+#[inline]
+pub fn current_ordinal() -> Option<c_int> {
+    let get = real::cuCtxGetDevice()?;
+    let mut d: c_int = 0;
+    // SAFETY: real driver call with a valid out-pointer.
+    (unsafe { get(&mut d) } == CUDA_SUCCESS).then_some(d)
+}
+
 /// Enforcement for the current context's device.
 #[inline]
 pub fn enforce_current() -> Option<(&'static Config, Acct)> {
     state::config()?;
-    let get = real::cuCtxGetDevice()?;
-    let mut d: c_int = 0;
-    // SAFETY: real driver call with a valid out-pointer.
-    if unsafe { get(&mut d) } != CUDA_SUCCESS {
-        return None;
-    }
-    enforce_dev(d)
+    enforce_dev(current_ordinal()?)
 }
 
 /// Device of a pool we saw created or handed out; else the current context's device.

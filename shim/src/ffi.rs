@@ -28,6 +28,13 @@ pub struct PropHead {
     pub location_id: c_int,
 }
 
+/// `CUmemAllocationProp` whole (32 bytes): what `cuMemGetAllocationPropertiesFromHandle` writes.
+#[repr(C)]
+pub struct AllocationProp {
+    pub head: PropHead,
+    pub rest: [u64; 2],
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR`
 #[repr(C)]
 pub struct ArrayDesc {
@@ -94,3 +101,25 @@ pub struct MemAllocNodeParams {
     pub bytesize: usize,
     pub dptr: u64,
 }
+
+/// `CUgraphNodeParams` (CUDA 12.2+): the node type, then at byte 16 the union of the per-type
+/// parameters (232 bytes), then a reserved word.
+#[repr(C)]
+pub struct GraphNodeParams {
+    pub node_type: c_int,
+    pub reserved0: [c_int; 3],
+    pub body: [u64; 29],
+    pub reserved2: i64,
+}
+
+/// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph (`CUDA_CHILD_GRAPH_NODE_PARAMS`: the graph, then its
+/// ownership).
+pub const NODE_GRAPH: c_int = 4;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`: `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (laid out as v1).
+pub const NODE_MEM_ALLOC: c_int = 10;
+/// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`
+pub const OWNERSHIP_MOVE: c_int = 1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` (in `CUDA_GRAPH_INSTANTIATE_PARAMS.flags`, its first
+/// field)
+pub const INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;

@@ -22,10 +22,10 @@
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use crate::enforce::{charge, enforce_dev};
-use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
+use crate::enforce::{charge, current_ordinal, enforce_dev};
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUresult};
+use crate::state;
 use crate::table::{self, Kind};
-use crate::{real, state};
 
 /// Key of a capturing stream (the per-thread default stream apart from the legacy one).
 fn stream_key(stream: usize, ptsz: bool) -> u64 {
@@ -34,13 +34,6 @@ fn stream_key(stream: usize, ptsz: bool) -> u64 {
     } else {
         stream as u64
     }
-}
-
-fn current_ordinal() -> Option<c_int> {
-    let get = real::cuCtxGetDevice()?;
-    let mut d: c_int = 0;
-    // SAFETY: real driver call with a valid out-pointer.
-    (unsafe { get(&mut d) } == CUDA_SUCCESS).then_some(d)
 }
 
 /// A captured stream-ordered allocation of `bytes` succeeded on `stream`.
@@ -84,22 +77,136 @@ pub fn instantiated(exec: usize, graph: usize) {
     }
 }
 
-/// Before launching `exec`: charge its graph's memory at its first launch. `Err`: refused.
-pub fn launching(exec: usize) -> Result<(), CUresult> {
+/// Charge a graph's memory (packed CUDA ordinal and bytes) for `what`: the quota device and
+/// bytes charged (None: the device has no quota). `Err`: refused.
+fn charge_graph(v: u64, what: &str) -> Result<Option<(usize, u64)>, CUresult> {
+    let (dev, bytes) = table::unpack(v);
+    let Some((cfg, a)) = enforce_dev(dev as c_int) else {
+        return Ok(None);
+    };
+    if !charge(cfg, a, what, bytes) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(Some((a.idx, bytes)))
+}
+
+/// Before launching or uploading `exec` (`what`): charge its graph's memory the first time.
+/// `Err`: refused.
+pub fn launching(exec: usize, what: &str) -> Result<(), CUresult> {
     if state::config().is_none() || table::get(Kind::ExecResident, exec as u64).is_some() {
         return Ok(());
     }
     let Some(v) = table::get(Kind::ExecMem, exec as u64) else {
         return Ok(());
     };
-    let (dev, bytes) = table::unpack(v);
-    if let Some((cfg, a)) = enforce_dev(dev as c_int) {
-        if !charge(cfg, a, "cuGraphLaunch (graph memory)", bytes) {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        table::insert(Kind::ExecResident, exec as u64, table::pack(a.idx, bytes));
+    if let Some((idx, bytes)) = charge_graph(v, what)? {
+        table::insert(Kind::ExecResident, exec as u64, table::pack(idx, bytes));
     }
     Ok(())
+}
+
+/// Before instantiating `graph` with an upload (`CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`): the
+/// instantiation takes the graph's memory at once, so it is charged now. `Err`: refused.
+pub fn instantiating_uploaded(graph: usize) -> Result<Option<(usize, u64)>, CUresult> {
+    match (state::config(), table::get(Kind::GraphMem, graph as u64)) {
+        (Some(_), Some(v)) => charge_graph(v, "cuGraphInstantiateWithParams (upload)"),
+        _ => Ok(None),
+    }
+}
+
+/// The instantiation [`instantiating_uploaded`] charged for ended as `exec` (None: failed, the
+/// charge goes back).
+pub fn instantiated_uploaded(charged: Option<(usize, u64)>, exec: Option<usize>) {
+    let Some((idx, bytes)) = charged else { return };
+    match exec {
+        Some(x) => {
+            table::insert(Kind::ExecResident, x as u64, table::pack(idx, bytes));
+        }
+        None => {
+            if let Some(cfg) = state::config() {
+                cfg.region.uncharge(idx, bytes);
+            }
+        }
+    }
+}
+
+/// `graph` is cloned: the clone's memory nodes are the original's.
+pub fn cloned(clone: usize, original: usize) {
+    if let Some(v) = table::get(Kind::GraphMem, original as u64) {
+        table::insert(Kind::GraphMem, clone as u64, v);
+    }
+}
+
+/// A child graph node of `child` was added to `parent`: the child's memory nodes are the
+/// parent's (a child moved into its parent lives on only there: `moved`).
+pub fn child_added(parent: usize, child: usize, moved: bool) {
+    let v = if moved {
+        table::take(Kind::GraphMem, child as u64)
+    } else {
+        table::get(Kind::GraphMem, child as u64)
+    };
+    if let Some(v) = v {
+        let (dev, bytes) = table::unpack(v);
+        added_to_graph(parent, dev as c_int, bytes);
+    }
+}
+
+/// Whether `graph` has memory nodes (a node's parameters may not bring it into a graph
+/// afterwards: the shim could not follow the bytes).
+pub fn has_memory(graph: usize) -> bool {
+    table::get(Kind::GraphMem, graph as u64).is_some()
+}
+
+/// Before `cuGraphExecUpdate(exec, graph)`: a resident instantiation holds the larger of its
+/// memory and the new graph's from now on; the growth is charged now. `Err`: refused.
+pub fn updating(exec: usize, graph: usize) -> Result<Option<(usize, u64)>, CUresult> {
+    if state::config().is_none() {
+        return Ok(None);
+    }
+    let (Some(res), Some(new)) = (
+        table::get(Kind::ExecResident, exec as u64),
+        table::get(Kind::GraphMem, graph as u64),
+    ) else {
+        return Ok(None);
+    };
+    let ((_, held), (dev, bytes)) = (table::unpack(res), table::unpack(new));
+    if bytes <= held {
+        return Ok(None);
+    }
+    charge_graph(
+        table::pack(dev, bytes - held),
+        "cuGraphExecUpdate (graph memory)",
+    )
+}
+
+/// `cuGraphExecUpdate(exec, graph)` returned (`ok`); `grown` is what [`updating`] charged.
+pub fn updated(exec: usize, graph: usize, grown: Option<(usize, u64)>, ok: bool) {
+    if !ok {
+        instantiated_uploaded(grown, None);
+        return;
+    }
+    let old = table::take(Kind::ExecMem, exec as u64);
+    match (old, table::get(Kind::GraphMem, graph as u64)) {
+        (Some(o), Some(n)) => {
+            let keep = if table::unpack(n).1 >= table::unpack(o).1 {
+                n
+            } else {
+                o
+            };
+            table::insert(Kind::ExecMem, exec as u64, keep);
+        }
+        (o, n) => {
+            if let Some(v) = n.or(o) {
+                table::insert(Kind::ExecMem, exec as u64, v);
+            }
+        }
+    }
+    if let Some((_, d)) = grown
+        && let Some(v) = table::take(Kind::ExecResident, exec as u64)
+    {
+        let (idx, held) = table::unpack(v);
+        table::insert(Kind::ExecResident, exec as u64, table::pack(idx, held + d));
+    }
 }
 
 /// The launch [`launching`] admitted failed: the driver took nothing.

@@ -5,6 +5,7 @@
 
 use std::ffi::{c_char, c_int};
 
+use crate::exports::cuda_graph::*;
 use crate::exports::cuda_launch::*;
 use crate::exports::cuda_memory::*;
 use crate::exports::nvml::*;
@@ -39,8 +40,16 @@ hooks!(
     cuMemPoolDestroy,
     cuDeviceGetDefaultMemPool,
     cuDeviceGetMemPool,
+    cuDeviceSetMemPool,
+    cuDevicePrimaryCtxReset_v2,
+    cuDevicePrimaryCtxReset,
     cuMemCreate,
     cuMemRelease,
+    cuMemMap,
+    cuMemUnmap,
+    cuMemAddressFree,
+    cuMemRetainAllocationHandle,
+    cuMemImportFromShareableHandle,
     cuArrayCreate_v2,
     cuArray3DCreate_v2,
     cuMipmappedArrayCreate,
@@ -76,6 +85,18 @@ hooks!(
     cuGraphAddMemAllocNode,
     cuGraphDestroy,
     cuDeviceGraphMemTrim,
+    cuGraphAddNode,
+    cuGraphAddNode_v2,
+    cuGraphNodeSetParams,
+    cuGraphExecNodeSetParams,
+    cuGraphAddChildGraphNode,
+    cuGraphExecChildGraphNodeSetParams,
+    cuGraphClone,
+    cuGraphUpload,
+    cuGraphUpload_ptsz,
+    cuGraphExecUpdate,
+    cuGraphExecUpdate_v2,
+    cuCtxSynchronize_v2,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     nvmlDeviceGetMemoryInfo,

@@ -29,6 +29,8 @@
 //! - `poolmem`: what stream-ordered memory pools keep after a free (charged until a
 //!   synchronization above the release threshold, a trim or the pool's end);
 //! - `enforce`: holding one driver call to the quota (charge, call, record or roll back);
+//! - `vmmmem`: how long VMM memory lives (charged while its handle, a mapping or a retained
+//!   reference keeps it; an imported handle's mappings charged);
 //! - `graphmem`: the memory CUDA graphs hold (charged at a graph's first launch, released by a
 //!   trim after its instantiation is destroyed);
 //! - `exports/`: the exports, one file per API (`cuda_memory`, `cuda_launch`, `nvml`);
@@ -51,3 +53,4 @@ mod poolmem;
 mod real;
 mod state;
 mod table;
+mod vmmmem;

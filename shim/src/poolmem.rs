@@ -15,9 +15,11 @@
 //! pools than slots are charged as before (released at the free), which can under-count only
 //! for those pools.
 
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::state;
+use crate::ffi::CUDA_SUCCESS;
+use crate::{real, state};
 
 const SLOTS: usize = 64;
 
@@ -109,7 +111,8 @@ fn release_above(p: &Pool, floor: u64) {
 
 /// A synchronization succeeded: every pool gives back what it keeps above its threshold.
 pub fn synchronized() {
-    if !PENDING.swap(false, Ordering::AcqRel) {
+    // a plain load first: a synchronization with nothing to release writes nothing
+    if !PENDING.load(Ordering::Acquire) || !PENDING.swap(false, Ordering::AcqRel) {
         return;
     }
     for p in &POOLS {
@@ -143,8 +146,58 @@ pub fn destroyed(pool: u64) {
     }
 }
 
+// The current pool of each device (what `cuMemAllocAsync` takes from), as last seen: asked of
+// the driver once, then followed through `cuDeviceSetMemPool`, `cuDeviceGetMemPool`,
+// `cuMemPoolDestroy` (the default pool is current again) and a primary context reset (asked
+// again). 0: not known.
+const MAX_ORDINALS: usize = 64;
+static CURRENT: [AtomicU64; MAX_ORDINALS] = [const { AtomicU64::new(0) }; MAX_ORDINALS];
+
+fn current_slot(dev: c_int) -> Option<&'static AtomicU64> {
+    usize::try_from(dev).ok().and_then(|d| CURRENT.get(d))
+}
+
+/// The current pool of CUDA ordinal `dev` (0: the driver cannot say).
+pub fn current_pool(dev: c_int) -> u64 {
+    let slot = current_slot(dev);
+    if let Some(p) = slot.map(|s| s.load(Ordering::Acquire))
+        && p != 0
+    {
+        return p;
+    }
+    let Some(get) = real::cuDeviceGetMemPool() else {
+        return 0;
+    };
+    let mut p: usize = 0;
+    // SAFETY: the driver's own cuDeviceGetMemPool with a valid out-pointer.
+    if unsafe { get(&mut p, dev) } != CUDA_SUCCESS {
+        return 0;
+    }
+    if let Some(s) = slot {
+        s.store(p as u64, Ordering::Release);
+    }
+    p as u64
+}
+
+/// `pool` is (now) the current pool of CUDA ordinal `dev`; 0: ask the driver again.
+pub fn set_current(dev: c_int, pool: u64) {
+    if let Some(s) = current_slot(dev) {
+        s.store(pool, Ordering::Release);
+    }
+}
+
+/// `pool` is gone: a device it was current for has its default pool current again.
+pub fn current_gone(pool: u64) {
+    for s in &CURRENT {
+        let _ = s.compare_exchange(pool, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
 /// Fork child: the parent's pools are not ours.
 pub fn forget_process() {
+    for s in &CURRENT {
+        s.store(0, Ordering::Relaxed);
+    }
     for p in &POOLS {
         p.handle.store(0, Ordering::Relaxed);
         p.kept.store(0, Ordering::Relaxed);

@@ -31,6 +31,23 @@ pub enum Kind {
     ExecResident = 8,
     /// stream-ordered allocation → the pool it came from (its free goes back to the pool)
     AllocPool = 9,
+    /// start of a range mapped with `cuMemMap` → the VMM handle mapped there
+    MapHandle = 10,
+    /// start of a range mapped with `cuMemMap` → its length
+    MapLen = 11,
+    /// VMM handle → how many ranges map it
+    VmmMaps = 12,
+    /// VMM handle → references `cuMemRetainAllocationHandle` added
+    VmmRetains = 13,
+    /// VMM handle released while mapped → its charge (quota device, bytes), released with the
+    /// last mapping
+    VmmReleased = 14,
+    /// VMM handle imported from a shareable handle → its CUDA ordinal + 1 (nothing charged:
+    /// its mappings are)
+    VmmImported = 15,
+    /// start of a range mapped to an imported handle → what the mapping was charged (quota
+    /// device, bytes)
+    MapCharge = 16,
 }
 
 #[repr(C)]
@@ -90,8 +107,9 @@ fn table() -> Option<&'static [Entry]> {
     Some(unsafe { std::slice::from_raw_parts(p, CAP) })
 }
 
+/// The kind in the top 5 bits, the handle in the rest (handles are addresses or small numbers).
 fn key(kind: Kind, handle: u64) -> u64 {
-    (handle & ((1 << 60) - 1)) | ((kind as u64) << 60)
+    (handle & ((1 << 59) - 1)) | ((kind as u64) << 59)
 }
 
 /// First slot for a key. Handles close together (within CAP × 512 bytes = 128 MiB) land in

@@ -1,11 +1,15 @@
 //! `gpufence-runtime`: a drop-in for runc that enforces the plan on `create`/`run`.
 //!
-//! A container engine starts it for every runc call, so its own start-up is on every container's
-//! create path. `#![no_main]`: the C `main` below replaces std's start-up, which reads and parses
-//! `/proc/self/maps` (glibc's `pthread_getattr_np` for the main thread's stack guard) and maps a
-//! signal stack for stack-overflow reports before `main` runs. What of it matters here is kept
-//! by [`gpufence::exit::start_like_std`] (fds 0–2, SIGPIPE); a panic still prints its message
-//! and exits 101; `std::env::args_os` works as before (glibc passes argv to std's init array).
+//! A container engine starts it for every runc call, so its own start-up is on every call's
+//! path. This binary is only the entry: built static (`make build`: `-C
+//! target-feature=+crt-static` for this binary alone), it has no dynamic loader's work to do.
+//! A pass-through call (`start`, `state`, `kill`, … with a fresh record) execs the real runtime
+//! at once; everything else — `create`, `run`, `delete`, a record missing or stale — execs the
+//! wrapper, `gpufence-runtime-wrapper` beside this one (its own directory, never PATH;
+//! `crates/runc-wrapper/src/passthrough.rs`). `#![no_main]`: the C
+//! `main` below replaces std's start-up (a read of `/proc/self/maps`, a signal stack), none of
+//! which an exec-only program needs; what the real runtime must inherit (fds 0–2, SIGPIPE at
+//! its default) is set on the way out.
 // Under `cargo test` the harness brings its own `main`; the binary has no unit tests.
 #![cfg_attr(not(test), no_main)]
 
@@ -13,14 +17,9 @@
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
 extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
-    // A pass-through call (`start`, `state`, `kill`, …) execs the real runtime here, before any
-    // of the rest; it returns for `create`/`run`/`delete` or when its record is not fresh.
-    // SAFETY: C's own argv (argc strings, then null), and no thread exists yet.
-    unsafe { gpufence::runtime::passthrough::exec_unless_wrapped(argc.max(0) as usize, argv) };
-    gpufence::exit::start_like_std();
-    std::panic::catch_unwind(|| -> std::ffi::c_int {
-        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        gpufence::exit::finish("gpufence-runtime", gpufence::runtime::main(args))
-    })
-    .unwrap_or(101)
+    let argc = argc.max(0) as usize;
+    // SAFETY: C's own argv (argc strings, then null), and no thread exists.
+    unsafe { gpufence::runtime::passthrough::exec_unless_wrapped(argc, argv) };
+    // SAFETY: the same argv, and still no thread.
+    unsafe { gpufence::runtime::passthrough::exec_wrapper(argc, argv) }
 }

@@ -26,6 +26,11 @@ pub struct Args {
     /// devices, driver files and the paths written into adjustments are the host's.
     #[arg(long)]
     pub host_root: Option<PathBuf>,
+    /// Do not validate the merged adjustment of every plugin (NRI's ValidateContainerAdjustment),
+    /// as on a runtime that offers no validation: what other plugins add is then not checked at
+    /// creation, and only the after-the-fact fence stands ([docs/nri.md]).
+    #[arg(long)]
+    pub no_validation: bool,
 }
 
 pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
@@ -37,7 +42,13 @@ pub fn run(config: Option<&Path>, args: Args) -> Result<(), Exit> {
     let transport =
         transport(args.socket, std::env::var(ENV_SOCKET).ok()).map_err(Exit::invalid)?;
     tracing::info!(name = %args.name, index = %args.index, ?transport, "NRI: gpufence nri starting");
-    let handler = Arc::new(crate::nri::handler::from_config(cfg));
+    if args.no_validation {
+        let line = "NRI: validation turned off (--no-validation): what other plugins add is not \
+                    checked at creation; the after-the-fact fence stays";
+        tracing::warn!("{line}");
+        eprintln!("gpufence nri: {line}");
+    }
+    let handler = Arc::new(crate::nri::handler::from_config(cfg).validating(!args.no_validation));
     let plugin = Plugin::new(
         PluginConfig {
             transport,

@@ -22,6 +22,24 @@ pub fn node(path: &str, major: u32, minor: u32) -> DeviceNode {
     }
 }
 
+/// The whole GPUs a plan grants: (index, memory limit, cores), in container order.
+pub fn gpu_limits(p: &gpufence::plan::Plan) -> Vec<(u32, Option<u64>, Option<u8>)> {
+    p.allocation
+        .as_ref()
+        .map(|a| {
+            a.devices
+                .iter()
+                .map(|d| match d.device {
+                    gpufence::allocation::DeviceRef::Gpu { index } => {
+                        (index, d.memory_limit, d.cores)
+                    }
+                    gpufence::allocation::DeviceRef::Mig { .. } => panic!("MIG"),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn uuid(i: u32) -> String {
     format!("GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}")
 }
@@ -125,6 +143,18 @@ pub fn inventory() -> Inventory {
         ],
         memory_limits: Default::default(),
     }
+}
+
+/// The test inventory with device minors that differ from the NVML indexes (GPU i has minor
+/// `offset + i`, its node `/dev/nvidia<minor>`): Koordinator names GPUs by minor.
+pub fn inventory_with_minors(offset: u32) -> Inventory {
+    let mut inv = inventory();
+    for g in &mut inv.gpus {
+        g.minor = offset + g.index;
+        g.node.minor = g.minor;
+        g.node.path = format!("/dev/nvidia{}", g.minor);
+    }
+    inv
 }
 
 pub fn config() -> Config {

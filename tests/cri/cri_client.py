@@ -3,7 +3,8 @@
 
 Usage: cri_client.py REQUEST_JSON | -   (-: the request on stdin)
 REQUEST_JSON: {"socket": "/path/containerd.sock", "handler": "gpufence", "dir": "/scratch",
-               "name": "pod1", "pod_annotations": {...}, "container_annotations": {...},
+               "name": "pod1", "pod_annotations": {...}, "pod_labels": {...},
+               "container_annotations": {...},
                "image": "localhost/pause:test", "command": ["/bin/sh", "-c", "..."],
                "envs": {"K": "V"}, "timeout": 20, "wait_before_create": "/path/gate",
                "cdi_devices": ["vendor/class=name"],
@@ -49,9 +50,10 @@ def main():
         # kubelet's identity labels (CRI-O names containers to NRI and hooks.d by them)
         labels = {"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default",
                   "io.kubernetes.pod.uid": name + "-uid"}
+        pod_labels = dict(labels, **req.get("pod_labels", {}))
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default", attempt=0),
-            labels=labels,
+            labels=pod_labels,
             log_directory=log_dir,
             annotations=req.get("pod_annotations", {}),
             linux=pb.LinuxPodSandboxConfig(

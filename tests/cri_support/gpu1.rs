@@ -30,18 +30,25 @@ pub fn checkpoint_granting_gpu1(checkpoint: &Path, pods: &[&str]) {
 /// `app` of `pods`.
 pub fn kubelet_gpu1_node(name: &str, pods: &[&str]) -> (PathBuf, runtime_support::Node) {
     let s = common::scratch(name);
+    let node = kubelet_gpu1_node_in(&s, pods, &[]);
+    (s, node)
+}
+
+/// [`kubelet_gpu1_node`] in scratch dir `s`, with `extra` configuration.
+pub fn kubelet_gpu1_node_in(
+    s: &Path,
+    pods: &[&str],
+    extra: &[(&str, toml_edit::Item)],
+) -> runtime_support::Node {
     let checkpoint = s.join("kubelet/device-plugins/kubelet_internal_checkpoint");
     std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
     checkpoint_granting_gpu1(&checkpoint, pods);
-    let node = runtime_support::node(
-        &s,
-        2,
-        &[(
-            "kubelet.checkpoint",
-            toml_edit::value(checkpoint.display().to_string()),
-        )],
-    );
-    (s, node)
+    let mut config = vec![(
+        "kubelet.checkpoint",
+        toml_edit::value(checkpoint.display().to_string()),
+    )];
+    config.extend(extra.iter().cloned());
+    runtime_support::node(s, 2, &config)
 }
 
 /// [`kubelet_gpu1_node`] and a

@@ -12,6 +12,7 @@ use crate::common;
 
 pub mod crio;
 pub mod gpu1;
+pub mod injector;
 
 /// containerd on its own socket and directories; killed (and waited for) on drop.
 pub struct Containerd {
@@ -528,6 +529,74 @@ pub fn request(
     client(py, &req)
 }
 
+/// The gpufence applier a pod goes through.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Applier {
+    /// The `gpufence` runtime handler (RuntimeClass).
+    Handler,
+    /// `gpufence nri`, beside the default runtime.
+    Nri,
+}
+
+/// One pod through applier `a` running `command`, on the image `localhost/cuda:test` (a CUDA-like
+/// image: `NVIDIA_VISIBLE_DEVICES=all`) unless `extra` names another; `extra` adds request
+/// fields (`cdi_devices`, `devices`, `pod_annotations`, `envs`).
+pub fn applier_pod(
+    py: &Path,
+    sock: &Path,
+    s: &Path,
+    a: Applier,
+    name: &str,
+    command: &str,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut extra = extra;
+    if extra.get("image").is_none() {
+        extra["image"] = "localhost/cuda:test".into();
+    }
+    if a == Applier::Handler {
+        extra["handler"] = "gpufence".into();
+    }
+    request(py, sock, s, name, command, extra)
+}
+
+/// Refused (at CreateContainer by NRI, at StartContainer by the handler) with one line holding
+/// every piece of `want`.
+pub fn assert_refused(r: &serde_json::Value, want: &[&str]) {
+    assert_ne!(r["stage"], "done", "{r}");
+    let e = r["error"].as_str().unwrap_or_default();
+    eprintln!("refused: {e}");
+    for w in want {
+        assert!(e.contains(w), "{w:?} not in: {e}");
+    }
+}
+
+/// Of GPUs 0–3 exactly `gpus` are openable (ENXIO: a node with no driver behind it) and the
+/// others absent and refused by the device cgroup when made by hand, in the probe's facts `f`
+/// (`gpuN` from runtime_support's PROBE, `mkN` from [`PROBE_MKNOD`]) of result `r`.
+pub fn assert_only_gpus(
+    f: &std::collections::BTreeMap<String, String>,
+    r: &serde_json::Value,
+    gpus: &[u32],
+) {
+    for n in 0..4u32 {
+        let (node, made) = if gpus.contains(&n) {
+            ("ENXIO", "ENXIO")
+        } else {
+            ("ABSENT", "EPERM")
+        };
+        assert_eq!(f[&format!("gpu{n}")], node, "gpu{n}: {r}");
+        assert_eq!(f[&format!("mk{n}")], made, "mk{n}: {r}");
+    }
+}
+
+/// Probe lines `mkN=`: GPU N's node made by hand in the container and opened.
+pub const PROBE_MKNOD: &str = r#"
+for n in 0 1 2 3; do
+  mknod /tmp/mk$n c 195 $n 2>/dev/null && echo "mk$n=$(probe /tmp/mk$n)" || echo "mk$n=EPERM"
+done
+"#;
+
 pub fn prerequisites() -> Option<(PathBuf, PathBuf)> {
     if common::skip_unless(&["umoci", "tar"]) {
         return None;
@@ -548,11 +617,17 @@ impl Drop for NriProcess {
 }
 
 pub fn spawn_nri(config: &Path, socket: &Path, log: &Path) -> NriProcess {
+    spawn_nri_with(config, socket, log, &[])
+}
+
+/// [`spawn_nri`] with more arguments of `gpufence nri` (`--no-validation`).
+pub fn spawn_nri_with(config: &Path, socket: &Path, log: &Path, args: &[&str]) -> NriProcess {
     let child = Command::new(common::bin("gpufence"))
         .arg("--config")
         .arg(config)
         .args(["nri", "--socket"])
         .arg(socket)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()

@@ -18,9 +18,19 @@ pub struct Node {
 /// Build a node of `gpus` GPUs in `scratch/node`, point gpufence at real runc, the built shim
 /// and binaries, a log file and state dir in the scratch dir, and fill the inventory cache.
 pub fn node(scratch: &Path, gpus: u32, extra: &[(&str, toml_edit::Item)]) -> Node {
+    node_mig(scratch, gpus, None, extra)
+}
+
+/// [`node`] with MIG enabled on GPU `mig_gpu` (gpufence-sim's seven 1g.10gb instances).
+pub fn node_mig(
+    scratch: &Path,
+    gpus: u32,
+    mig_gpu: Option<u32>,
+    extra: &[(&str, toml_edit::Item)],
+) -> Node {
     let dir = scratch.join("node");
     std::fs::create_dir_all(&dir).unwrap();
-    let sim_cfg = common::sim_node(&dir, gpus, None);
+    let sim_cfg = common::sim_node(&dir, gpus, mig_gpu);
     let text = std::fs::read_to_string(&sim_cfg).unwrap();
     let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
     let state_dir = scratch.join("state");

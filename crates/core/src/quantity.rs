@@ -4,7 +4,8 @@
 //!   `1e9`, plain bytes), as `gpufence.dev/memory` carries it. Fractional bytes round up, as
 //!   Kubernetes' `Quantity.Value()` does.
 //! * [`parse_hami_bytes`]: HAMi's `CUDA_DEVICE_MEMORY_LIMIT_<i>` values: an integer with an
-//!   optional `k`/`m`/`g` suffix (either case) meaning ×1024ⁿ, else bytes.
+//!   optional `k`/`m`/`g` suffix (either case) meaning ×1024ⁿ, else bytes (as HAMi-core's
+//!   `get_limit_from_env`; a leading zero, octal to HAMi-core, is refused).
 //!
 //! Both parsers take untrusted input: they never panic, reject negative and overflowing values
 //! and bound the work they do by refusing over-long strings.
@@ -28,6 +29,8 @@ pub enum QuantityError {
     Suffix(String, &'static str),
     #[error("too large")]
     Overflow,
+    #[error("a leading zero (HAMi-core reads it as octal)")]
+    LeadingZero,
 }
 
 const K8S_SUFFIXES: &str = "Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E, m, or e<exponent>";
@@ -153,6 +156,11 @@ pub fn parse_hami_bytes(s: &str) -> Result<u64, QuantityError> {
     if num.is_empty() {
         return Err(QuantityError::Syntax(HAMI_SUFFIXES));
     }
+    // HAMi-core reads the number with strtoul(…, 0): `010` is 8 there, `0x10` 16 (refused as a
+    // suffix above). Refused rather than read differently.
+    if num.len() > 1 && num.starts_with('0') {
+        return Err(QuantityError::LeadingZero);
+    }
     let shift = match suffix {
         "" => 0,
         "k" | "K" => 10,
@@ -253,6 +261,11 @@ mod tests {
             ("", Err(())),
             ("99999999999999999999g", Err(())),
             ("17179869184g", Err(())),
+            // HAMi-core's strtoul(…, 0) reads these as octal and hex: refused.
+            ("010", Err(())),
+            ("0010m", Err(())),
+            ("0x10", Err(())),
+            ("0m", Ok(0)),
         ];
         for (input, want) in cases {
             let got = parse_hami_bytes(input).map_err(|_| ());

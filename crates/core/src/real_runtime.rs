@@ -1,5 +1,6 @@
 //! The real OCI runtime gpufence hands over to: `runtime.path`, else the first `runc` or `crun`
-//! on PATH — never gpufence-runtime itself.
+//! on PATH — never gpufence-runtime itself, nor the `gpufence-runtime-wrapper` beside it that
+//! runs its `create`/`run`/`delete` (an exec loop either way).
 
 use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -16,27 +17,47 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Whether `p` is this very binary (the same file, by any path or hard link).
-pub fn is_this_binary(p: &Path) -> bool {
-    let me = file_id(Path::new("/proc/self/exe"));
-    me.is_some() && file_id(p) == me
+/// The binaries that together are gpufence-runtime: the running one, `gpufence-runtime` (the
+/// static entry) and `gpufence-runtime-wrapper` beside it, by device and inode.
+fn own_binaries() -> Vec<(u64, u64)> {
+    let me = Path::new("/proc/self/exe");
+    let mut ids: Vec<(u64, u64)> = file_id(me).into_iter().collect();
+    if let Some(dir) = std::fs::read_link(me)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        ids.extend(
+            ["gpufence-runtime", "gpufence-runtime-wrapper"]
+                .iter()
+                .filter_map(|n| file_id(&dir.join(n))),
+        );
+    }
+    ids
 }
 
-/// Whether `p` exists and is another file than this binary (one `stat` of each).
+/// Whether `p` is this very binary or its pair beside it (the same file, by any path or hard
+/// link).
+pub fn is_this_binary(p: &Path) -> bool {
+    file_id(p).is_some_and(|id| own_binaries().contains(&id))
+}
+
+/// Whether `p` exists and is another file than this binary and its pair.
 pub fn exists_apart_from_this_binary(p: &Path) -> bool {
-    file_id(p).is_some_and(|id| file_id(Path::new("/proc/self/exe")) != Some(id))
+    file_id(p).is_some_and(|id| !own_binaries().contains(&id))
 }
 
 /// The first executable `runc`, then `crun`, on `path` (the runtime's own PATH, else
 /// [`DEFAULT_PATH`]) that is not this binary.
 pub fn search_path(path: Option<&OsStr>) -> Option<PathBuf> {
     let path = path.unwrap_or(OsStr::new(DEFAULT_PATH));
+    let own = own_binaries();
     ["runc", "crun"].iter().find_map(|name| {
         std::env::split_paths(path).find_map(|dir| {
             let cand = dir.join(name);
             let executable = std::fs::metadata(&cand)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            (executable && !is_this_binary(&cand)).then_some(cand)
+            let own_binary = || file_id(&cand).is_some_and(|id| own.contains(&id));
+            (executable && !own_binary()).then_some(cand)
         })
     })
 }

@@ -31,6 +31,12 @@ pub fn annotation_prefixes(cfg: &Config) -> Vec<&'static str> {
     if cfg.allocation.enabled(Dialect::Kai) {
         v.push(r"nvidia\.com");
     }
+    if cfg.allocation.enabled(Dialect::Koordinator) {
+        v.push(r"scheduling\.koordinator\.sh");
+    }
+    if cfg.allocation.enabled(Dialect::Volcano) {
+        v.push(r"volcano\.sh");
+    }
     v
 }
 
@@ -155,7 +161,9 @@ mod tests {
         let keys: Vec<&String> = w["annotations"].as_object().unwrap().keys().collect();
         assert_eq!(
             keys,
-            [r"^((gpufence\.dev|cdi\.k8s\.io|hami\.io|nvidia\.com)/.+|ALIYUN_COM_GPU_MEM_.+)$"]
+            [
+                r"^((gpufence\.dev|cdi\.k8s\.io|hami\.io|nvidia\.com|scheduling\.koordinator\.sh|volcano\.sh)/.+|ALIYUN_COM_GPU_MEM_.+)$"
+            ]
         );
         let mut cfg = Config::default();
         cfg.allocation.trust_env = crate::config::TrustEnv::Dialects(vec![Dialect::Hami]);

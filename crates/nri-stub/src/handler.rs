@@ -1,7 +1,9 @@
 //! What a plugin answers: the adjustment for a container being created (or a refusal), word of
 //! containers that started or are gone, and the runtime's view at (re)connect.
 
-use crate::api::{Container, ContainerAdjustment, ContainerUpdate, PodSandbox};
+use crate::api::{
+    Container, ContainerAdjustment, ContainerUpdate, PodSandbox, ValidateContainerAdjustmentRequest,
+};
 
 /// Why a container is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +39,29 @@ pub trait Handler: Send + Sync {
     /// started) may have been created without the plugin. Called off the runtime's request
     /// path, with `rt` to call the runtime back. Default: nothing to do.
     fn after_the_fact(&self, _rt: &dyn Runtime, _pod: &PodSandbox, _ctr: &Container) {}
+
+    /// Whether the plugin validates the merged adjustment of every plugin (NRI's
+    /// `ValidateContainerAdjustment`, NRI ≥ v0.10: containerd ≥ 2.2, CRI-O ≥ 1.34) where the
+    /// runtime offers it. Default: no.
+    fn validates(&self) -> bool {
+        false
+    }
+
+    /// Said at each Configure: whether this runtime will ask [`Handler::validate_adjustment`]
+    /// (the plugin subscribed to it). Default: nothing to do.
+    fn validation_offered(&self, _offered: bool) {}
+
+    /// NRI's validation of a container's creation: `req` holds the container as the runtime
+    /// made it, the adjustment every plugin's answers merged into, and which plugin owns each
+    /// part; `me` is this plugin as NRI names owners (`<index>-<name>`). `Err(reason)` (one
+    /// line) rejects the adjustment, and the runtime fails the creation with it. Default: accept.
+    fn validate_adjustment(
+        &self,
+        _req: &ValidateContainerAdjustmentRequest,
+        _me: &str,
+    ) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The runtime's side of the connection, for the calls a handler makes itself.

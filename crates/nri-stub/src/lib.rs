@@ -7,7 +7,7 @@
 //! * [`conn`] — one live connection: a reader thread demultiplexing both directions, the
 //!   plugin's ttrpc server (each request on its own thread) and its ttrpc client;
 //! * [`service`] — the Plugin service's methods (Configure, Synchronize, CreateContainer,
-//!   StopContainer, RemoveContainer, StateChange, Shutdown) dispatched to a [`Handler`];
+//!   StopContainer, RemoveContainer, StateChange, ValidateContainerAdjustment, Shutdown) dispatched to a [`Handler`];
 //! * [`plugin`] — connect (socket or the fd a runtime hands a pre-registered plugin), register,
 //!   serve, reconnect with backoff;
 //! * [`handler`] — what a plugin answers: the [`Handler`] trait.

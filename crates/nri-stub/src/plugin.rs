@@ -174,12 +174,13 @@ impl Plugin {
             Transport::Socket(p) => (Some(p), None),
             Transport::Inherited(fd) => (None, Some(fd)),
         };
+        let service = Service::new(handler).named(&cfg.index, &cfg.name);
         Ok(Plugin {
             name: cfg.name,
             index: cfg.index,
             socket,
             inherited,
-            service: Arc::new(Service::new(handler)),
+            service: Arc::new(service),
             control: Arc::new(Control::default()),
         })
     }

@@ -39,6 +39,55 @@ pub fn event_mask() -> i32 {
     .fold(0, |m, e| m | 1 << (*e as i32 - 1))
 }
 
+/// NRI's event bit for ValidateContainerAdjustment (event 14). Only subscribed where the
+/// runtime knows it ([`validation_offered`]): NRI before v0.10 refuses a plugin whose Configure
+/// answer names an event it does not know (`invalid plugin events`), and would never register it.
+pub fn validate_bit() -> i32 {
+    1 << (api::Event::ValidateContainerAdjustment as i32 - 1)
+}
+
+/// What a validating plugin says when the runtime offers validation.
+pub const VALIDATION_ON: &str = "NRI: validating the merged adjustment of every plugin \
+    (ValidateContainerAdjustment): a container another plugin hands a GPU gpufence did not plan \
+    is refused at creation";
+/// What it says when the runtime does not.
+pub const VALIDATION_OFF: &str = "NRI: this runtime offers no adjustment validation (NRI < \
+    v0.10: containerd < 2.2, CRI-O < 1.34): what other plugins add is not checked at creation; \
+    the after-the-fact fence stays";
+
+/// `vX.Y.Z`, `X.Y.Z`, `X.Y.Z-rc.1`, `X.Y` → (X, Y, Z); `None` for anything else.
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim();
+    let v = v.strip_prefix('v').unwrap_or(v);
+    let core = v.split(['-', '+', ' ']).next()?;
+    let mut parts = core.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = match parts.next() {
+        Some(p) => p.parse().ok()?,
+        None => 0,
+    };
+    Some((major, minor, patch))
+}
+
+/// Whether the runtime that sent Configure calls ValidateContainerAdjustment (NRI ≥ v0.10):
+/// from the NRI version it names (sent from NRI v0.12), else from what vendors it — containerd
+/// ≥ 2.2 (NRI v0.10), CRI-O ≥ 1.34 (NRI v0.11). Unknown runtimes and versions: no (subscribing
+/// to an event the runtime does not know would keep the plugin from registering at all).
+pub fn validation_offered(runtime: &str, version: &str, nri_version: &str) -> bool {
+    if let Some(nri) = parse_version(nri_version) {
+        return nri >= (0, 10, 0);
+    }
+    let Some(v) = parse_version(version) else {
+        return false;
+    };
+    match runtime.trim() {
+        "containerd" => v >= (2, 2, 0),
+        "cri-o" | "crio" | "CRI-O" => v >= (1, 34, 0),
+        _ => false,
+    }
+}
+
 /// Most pods, and most containers, kept from a Synchronize split over several messages.
 pub const MAX_SYNC_OBJECTS: usize = 1 << 16;
 
@@ -63,6 +112,9 @@ pub struct Service {
     /// The current connection's after-the-fact queue ([`Handler::after_the_fact`], served by
     /// the plugin off the request path).
     fence: Mutex<Option<mpsc::Sender<Check>>>,
+    /// This plugin as NRI names the owner of an adjustment (`<index>-<name>`; empty when not
+    /// registered through [`crate::Plugin`]).
+    me: String,
 }
 
 /// A container to check after the fact, with its pod.
@@ -85,7 +137,15 @@ impl Service {
             request_timeout_ms: AtomicU64::new(DEFAULT_REQUEST_TIMEOUT_MS),
             sync: Mutex::new((Vec::new(), Vec::new())),
             fence: Mutex::new(None),
+            me: String::new(),
         }
+    }
+
+    /// The service of the plugin registered as `name` with `index` (NRI names it
+    /// `<index>-<name>` as the owner of what it adjusts).
+    pub fn named(mut self, index: &str, name: &str) -> Service {
+        self.me = format!("{index}-{name}");
+        self
     }
 
     pub fn handler(&self) -> &Arc<dyn Handler> {
@@ -132,7 +192,7 @@ impl Service {
                     "NRI: configured; subscribed to CreateContainer, StopContainer, RemoveContainer"
                 );
                 Ok(api::ConfigureResponse {
-                    events: event_mask(),
+                    events: self.subscribe_validation(&req),
                 }
                 .encode_to_vec())
             }
@@ -163,6 +223,10 @@ impl Service {
                 self.gone(req.container.as_ref(), Gone::Removed);
                 Ok(api::RemoveContainerResponse::default().encode_to_vec())
             }
+            "ValidateContainerAdjustment" => {
+                let req: api::ValidateContainerAdjustmentRequest = decode(method, payload)?;
+                Ok(self.validate(req).encode_to_vec())
+            }
             // Runtimes fall back to StateChange for plugins without the dedicated calls.
             "StateChange" => {
                 let req: api::StateChangeEvent = decode(method, payload)?;
@@ -174,6 +238,58 @@ impl Service {
                 Ok(api::Empty {}.encode_to_vec())
             }
             _ => Err(unimplemented(service, method)),
+        }
+    }
+
+    /// The events to subscribe to: [`event_mask`], and ValidateContainerAdjustment where the
+    /// handler validates and the runtime offers it. Either way one line says which, and the
+    /// handler is told.
+    fn subscribe_validation(&self, req: &api::ConfigureRequest) -> i32 {
+        if !self.handler.validates() {
+            return event_mask();
+        }
+        let offered = validation_offered(&req.runtime_name, &req.runtime_version, &req.nri_version);
+        self.handler.validation_offered(offered);
+        if offered {
+            tracing::info!(
+                runtime = %req.runtime_name,
+                version = %req.runtime_version,
+                "{VALIDATION_ON}"
+            );
+            event_mask() | validate_bit()
+        } else {
+            tracing::warn!(
+                runtime = %req.runtime_name,
+                version = %req.runtime_version,
+                nri = %req.nri_version,
+                "{VALIDATION_OFF}"
+            );
+            event_mask()
+        }
+    }
+
+    /// ValidateContainerAdjustment: the handler's verdict, bounded as a decision is; a handler
+    /// that fails, panics or runs late rejects (fail closed).
+    fn validate(
+        &self,
+        req: api::ValidateContainerAdjustmentRequest,
+    ) -> api::ValidateContainerAdjustmentResponse {
+        let id = req
+            .container
+            .as_ref()
+            .map(|c| c.id.clone())
+            .unwrap_or_default();
+        let handler = Arc::clone(&self.handler);
+        let me = self.me.clone();
+        let verdict = self.bounded("validating", &id, move || {
+            handler.validate_adjustment(&req, &me)
+        });
+        match verdict {
+            Ok(()) => api::ValidateContainerAdjustmentResponse::default(),
+            Err(reason) => api::ValidateContainerAdjustmentResponse {
+                reject: true,
+                reason,
+            },
         }
     }
 
@@ -243,16 +359,27 @@ impl Service {
         pod: api::PodSandbox,
         ctr: api::Container,
     ) -> Result<api::ContainerAdjustment, String> {
-        let deadline = decision_deadline(self.request_timeout_ms.load(Ordering::SeqCst));
-        let (tx, rx) = mpsc::channel();
         let handler = Arc::clone(&self.handler);
         let id = ctr.id.clone();
+        self.bounded("deciding", &id, move || {
+            handler.create_container(&pod, &ctr)
+        })
+    }
+
+    /// `work` on a thread of its own, its answer or a refusal when it panics or takes longer
+    /// than [`decision_deadline`] (`doing`: what it does, for the refusal's line).
+    fn bounded<T: Send + 'static>(
+        &self,
+        doing: &str,
+        id: &str,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let deadline = decision_deadline(self.request_timeout_ms.load(Ordering::SeqCst));
+        let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("nri-decide".into())
             .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    handler.create_container(&pod, &ctr)
-                }));
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
                 let _ = tx.send(r);
             });
         if let Err(e) = spawned {
@@ -263,7 +390,7 @@ impl Service {
         match rx.recv_timeout(deadline) {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(format!(
-                "container {id}: gpufence nri: internal error deciding"
+                "container {id}: gpufence nri: internal error {doing}"
             )),
             Err(_) => {
                 let why = format!(
@@ -312,6 +439,7 @@ mod tests {
     struct Recorder {
         gone: Mutex<Vec<(String, Gone)>>,
         synced: Mutex<Vec<(usize, usize)>>,
+        offered: Mutex<Vec<bool>>,
     }
 
     impl Handler for Recorder {
@@ -345,6 +473,26 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((pods.len(), containers.len()));
+        }
+        fn validates(&self) -> bool {
+            true
+        }
+        fn validation_offered(&self, offered: bool) {
+            self.offered.lock().unwrap().push(offered);
+        }
+        fn validate_adjustment(
+            &self,
+            req: &api::ValidateContainerAdjustmentRequest,
+            me: &str,
+        ) -> Result<(), String> {
+            let name = req.container.as_ref().map_or("", |c| c.name.as_str());
+            match name {
+                "panic" => panic!("validator bug"),
+                "slow" => std::thread::sleep(Duration::from_millis(400)),
+                "refuse" => return Err(format!("{me}: plugin \"10-x\" added /dev/nvidia0")),
+                _ => {}
+            }
+            Ok(())
         }
     }
 
@@ -380,6 +528,96 @@ mod tests {
         );
         let resp = api::ConfigureResponse::decode(out.unwrap().as_slice()).unwrap();
         assert_eq!(resp.events, event_mask());
+    }
+
+    #[test]
+    fn validation_is_offered_from_nri_0_10_only() {
+        for (rt, v, nri, offered) in [
+            ("containerd", "v2.3.4", "v0.12.0", true),
+            ("containerd", "v2.3.4", "", true),
+            ("containerd", "v2.2.0", "", true),
+            ("containerd", "v2.2.0-rc.1", "", true),
+            ("containerd", "v2.1.6", "", false),
+            ("containerd", "1.7.30", "", false),
+            ("cri-o", "1.36.3", "", true),
+            ("cri-o", "1.34.0", "", true),
+            ("cri-o", "1.33.4", "", false),
+            ("other", "9.9.9", "", false),
+            ("other", "9.9.9", "v0.10.0", true),
+            ("containerd", "v2.3.4", "v0.9.0", false),
+            ("containerd", "garbage", "", false),
+            ("containerd", "v2.3.4", "unknown", true),
+        ] {
+            assert_eq!(
+                validation_offered(rt, v, nri),
+                offered,
+                "{rt} {v} nri={nri}"
+            );
+        }
+    }
+
+    #[test]
+    fn configure_subscribes_validation_where_offered_and_it_rejects_or_accepts() {
+        let (r, s) = service();
+        let s = s.named("90", "gpufence");
+        let configure = |rt: &str, v: &str| {
+            let req = api::ConfigureRequest {
+                runtime_name: rt.into(),
+                runtime_version: v.into(),
+                ..Default::default()
+            };
+            let out = s.call(PLUGIN_SERVICE, "Configure", &req.encode_to_vec());
+            api::ConfigureResponse::decode(out.unwrap().as_slice())
+                .unwrap()
+                .events
+        };
+        assert_eq!(configure("containerd", "v2.1.0"), event_mask());
+        assert_eq!(configure("containerd", "v2.3.4"), event_mask() | (1 << 13));
+        assert_eq!(*r.offered.lock().unwrap(), [false, true]);
+        let validate = |name: &str| {
+            let req = api::ValidateContainerAdjustmentRequest {
+                container: Some(api::Container {
+                    id: "c1".into(),
+                    name: name.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let out = s.call(
+                PLUGIN_SERVICE,
+                "ValidateContainerAdjustment",
+                &req.encode_to_vec(),
+            );
+            api::ValidateContainerAdjustmentResponse::decode(out.unwrap().as_slice()).unwrap()
+        };
+        assert!(!validate("app").reject);
+        let refused = validate("refuse");
+        assert!(refused.reject);
+        assert_eq!(
+            refused.reason,
+            "90-gpufence: plugin \"10-x\" added /dev/nvidia0"
+        );
+        // A validator that panics or runs late rejects (fail closed).
+        let panicked = validate("panic");
+        assert!(panicked.reject && panicked.reason.contains("internal error validating"));
+        let cfg = api::ConfigureRequest {
+            request_timeout: 200,
+            runtime_name: "containerd".into(),
+            runtime_version: "v2.3.4".into(),
+            ..Default::default()
+        };
+        s.call(PLUGIN_SERVICE, "Configure", &cfg.encode_to_vec())
+            .unwrap();
+        let late = validate("slow");
+        assert!(
+            late.reject && late.reason.contains("no decision within 150ms"),
+            "{late:?}"
+        );
+        // Garbage is an error answer, which NRI turns into a failed creation.
+        let e = s
+            .call(PLUGIN_SERVICE, "ValidateContainerAdjustment", &[0xff, 0xff])
+            .unwrap_err();
+        assert_eq!(e.0, code::INVALID_ARGUMENT);
     }
 
     #[test]
@@ -553,7 +791,7 @@ mod tests {
         fn any_payload_for_any_method_is_answered(
             method in proptest::sample::select(vec![
                 "Configure", "Synchronize", "Shutdown", "CreateContainer", "StopContainer",
-                "RemoveContainer", "StateChange", "UpdateContainer", "",
+                "RemoveContainer", "StateChange", "UpdateContainer", "ValidateContainerAdjustment", "",
             ]),
             payload in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
         ) {

@@ -63,12 +63,30 @@ pub enum AdjustError {
     Groups(Vec<u32>),
 }
 
-/// The adjustment for `plan` on container `ctr`.
+/// The adjustment for `plan` on container `ctr` (a variable the container already has, once,
+/// with the plan's value is left as it is: [`render_decided`]).
 pub fn render(
     cfg: &Config,
     plan: &Plan,
     ctr: &Container,
 ) -> Result<ContainerAdjustment, AdjustError> {
+    render_decided(cfg, plan, ctr, &|_, planned, present| planned == present).map(|(a, _)| a)
+}
+
+/// Whether the container's `key=present` may stay in place of the plan's `key=planned`.
+pub type Agrees<'a> = dyn Fn(&str, &str, &str) -> bool + 'a;
+
+/// [`render`], with the plan's whole env (every key, also those left out of the adjustment).
+/// A variable the container sets once (as it came, or as an earlier plugin left it) to a value
+/// `agrees` accepts for the plan's (equal, or — `NVIDIA_VISIBLE_DEVICES` — naming the same
+/// devices) is not set again: NRI refuses two plugins setting one key, and the container gets
+/// the same.
+pub fn render_decided(
+    cfg: &Config,
+    plan: &Plan,
+    ctr: &Container,
+    agrees: &Agrees,
+) -> Result<(ContainerAdjustment, BTreeMap<String, String>), AdjustError> {
     if !plan.edits.additional_gids.is_empty() {
         return Err(AdjustError::Groups(plan.edits.additional_gids.clone()));
     }
@@ -91,13 +109,15 @@ pub fn render(
             .layout_ld_cache()
             .map(|l| crate::plan::ldcache_hook(cfg, &l.folders)),
     };
-    Ok(ContainerAdjustment {
-        env: env(plan, &folder_env, ctr)?,
+    let (env, planned_env) = env(plan, &folder_env, ctr, agrees)?;
+    let adjustment = ContainerAdjustment {
+        env,
         mounts: mounts(plan, ctr)?,
         hooks: hooks(ld_hook.iter().chain(&plan.edits.hooks))?,
         linux: (linux != LinuxContainerAdjustment::default()).then_some(linux),
         ..Default::default()
-    })
+    };
+    Ok((adjustment, planned_env))
 }
 
 fn device(d: &DeviceNodeEdit) -> Result<LinuxDevice, AdjustError> {
@@ -165,8 +185,13 @@ fn folder_env<'p>(plan: &'p Plan, ctr: &Container) -> (Vec<&'p String>, bool) {
 }
 
 /// The plan's env, the driver folders' (`folder_env`), then the plan's overrides, one entry per
-/// key (the last value), in first-seen order.
-fn env(plan: &Plan, folder_env: &[&String], ctr: &Container) -> Result<Vec<KeyValue>, AdjustError> {
+/// key (the last value), in first-seen order; and every key the plan sets with its value.
+fn env(
+    plan: &Plan,
+    folder_env: &[&String],
+    ctr: &Container,
+    agrees: &Agrees,
+) -> Result<(Vec<KeyValue>, BTreeMap<String, String>), AdjustError> {
     let mut order: Vec<&str> = Vec::new();
     let mut values: BTreeMap<&str, &str> = BTreeMap::new();
     for e in plan
@@ -203,16 +228,30 @@ fn env(plan: &Plan, folder_env: &[&String], ctr: &Container) -> Result<Vec<KeyVa
                     "env repeated in the container, its last value needs no change: left as is"
                 );
             }
+            Some((1, present)) if agrees(k, values[k], present) => {
+                tracing::info!(
+                    container = %ctr.id,
+                    key = k,
+                    present = *present,
+                    plan = values[k],
+                    "env already as planned in the container (or an earlier plugin): left as is"
+                );
+            }
             _ => kept.push(k),
         }
     }
-    Ok(kept
+    let set = kept
         .into_iter()
         .map(|k| KeyValue {
             key: k.to_string(),
             value: values[k].to_string(),
         })
-        .collect())
+        .collect();
+    let planned = values
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Ok((set, planned))
 }
 
 /// Whether a variable the container sets more than once (NRI would let its last occurrence win
@@ -446,6 +485,47 @@ mod tests {
             assert_eq!(e, AdjustError::DuplicateEnv(key.into()), "{env:?}");
         }
         render(&cfg(), &gpu_plan(), &ctr(&["A=1", "A=2"], &[])).unwrap();
+    }
+
+    #[test]
+    fn a_variable_set_once_to_an_agreeing_value_is_left_to_whoever_set_it() {
+        // As the handler asks: koordlet's minors for the granted GPU (minor 1) agree with the
+        // plan's UUID.
+        let agrees = |k: &str, planned: &str, present: &str| {
+            planned == present || (k == "NVIDIA_VISIBLE_DEVICES" && present == "1")
+        };
+        let mut p = gpu_plan();
+        p.env_overrides.clear();
+        let keys = |env: &[&str]| -> Vec<String> {
+            let (a, planned) = render_decided(&cfg(), &p, &ctr(env, &[]), &agrees).unwrap();
+            // The plan's whole env is kept for the validation, also what the answer leaves out.
+            assert_eq!(planned["NVIDIA_VISIBLE_DEVICES"], "GPU-1");
+            a.env.into_iter().map(|e| e.key).collect()
+        };
+        // koordlet's plugin set it before gpufence's: setting it again, NRI refuses the container.
+        assert!(!keys(&["NVIDIA_VISIBLE_DEVICES=1"]).contains(&"NVIDIA_VISIBLE_DEVICES".into()));
+        assert!(!keys(&["GPUFENCE_STATE=/run/gpufence"]).contains(&"GPUFENCE_STATE".into()));
+        // Any other value (the image's `all`), none, or a repeated one is the plan's to set.
+        for other in [&["NVIDIA_VISIBLE_DEVICES=all"][..], &[]] {
+            assert!(
+                keys(other).contains(&"NVIDIA_VISIBLE_DEVICES".into()),
+                "{other:?}"
+            );
+        }
+        let e = render_decided(
+            &cfg(),
+            &p,
+            &ctr(
+                &["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=2"],
+                &[],
+            ),
+            &agrees,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            AdjustError::DuplicateEnv("NVIDIA_VISIBLE_DEVICES".into())
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! refusal), and word of containers that are gone. [`from_config`] builds the handler
 //! `gpufence nri` runs.
 
-use super::api::{Container, ContainerAdjustment, PodSandbox};
+use super::api::{Container, ContainerAdjustment, PodSandbox, ValidateContainerAdjustmentRequest};
+use super::facts::NodeFacts;
+use super::validate::{Decided, Node};
 use std::collections::BTreeSet;
 
 use crate::config::Config;
@@ -24,6 +26,45 @@ pub fn from_config(cfg: Config) -> PlanHandler {
         cfg,
         load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
         majors: std::sync::RwLock::new(None),
+        decisions: Decisions::default(),
+        validate: true,
+    }
+}
+
+/// Most decisions kept for their validation. NRI validates a creation right after its
+/// CreateContainer, under the same lock: a few are pending at most; the rest are creations
+/// that failed before validation (another plugin refused, a conflict), dropped oldest first.
+pub const MAX_PENDING_VALIDATIONS: usize = 256;
+
+/// What gpufence decided for each container, from CreateContainer to its validation (kept only
+/// where the runtime validates).
+#[derive(Debug, Default)]
+pub struct Decisions {
+    validating: std::sync::atomic::AtomicBool,
+    pending: std::sync::Mutex<std::collections::VecDeque<(String, Decided)>>,
+}
+
+impl Decisions {
+    fn validating(&self) -> bool {
+        self.validating.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn keep(&self, id: &str, d: Decided) {
+        if !self.validating() {
+            return;
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.retain(|(i, _)| i != id);
+        if p.len() >= MAX_PENDING_VALIDATIONS {
+            p.pop_front();
+        }
+        p.push_back((id.to_string(), d));
+    }
+
+    fn take(&self, id: &str) -> Option<Decided> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let i = p.iter().position(|(c, _)| c == id)?;
+        p.remove(i).map(|(_, d)| d)
     }
 }
 
@@ -43,16 +84,31 @@ pub struct PlanHandler {
     load_inventory: InventoryLoader,
     /// The GPU-class majors the after-the-fact fence looks for (read again at each Synchronize).
     majors: std::sync::RwLock<Option<Vec<u32>>>,
+    /// Decisions awaiting the runtime's validation.
+    decisions: Decisions,
+    /// Validate the merged adjustment where the runtime offers it (`gpufence nri
+    /// --no-validation`: no).
+    validate: bool,
 }
 
 /// A refusal: how it is counted, and the one line the runtime reports.
 type Refusal = (Reason, String);
 
 impl PlanHandler {
+    /// Whether to validate the merged adjustment of every plugin where the runtime offers it.
+    pub fn validating(mut self, validate: bool) -> PlanHandler {
+        self.validate = validate;
+        self
+    }
+
     /// The decision for one container: the request from NRI's message, the plan, its
     /// adjustment, and (when the plan grants anything) its host files and status record —
     /// written before the answer, so the container never starts without its quota.
-    fn decide(&self, pod: &PodSandbox, ctr: &Container) -> Result<ContainerAdjustment, Refusal> {
+    fn decide(
+        &self,
+        pod: &PodSandbox,
+        ctr: &Container,
+    ) -> Result<(ContainerAdjustment, Decided), Refusal> {
         let id = ctr.id.as_str();
         if !crate::text::valid_container_id(id) {
             let short = crate::text::short(id);
@@ -73,7 +129,7 @@ impl PlanHandler {
         )
         .map_err(|e| (e.reason(), e.to_string()))?;
         if intake.sandbox.is_some() {
-            return Ok(ContainerAdjustment::default());
+            return Ok(Default::default());
         }
         crate::driverfolders::settle_intake(
             &self.cfg,
@@ -82,8 +138,37 @@ impl PlanHandler {
         );
         let plan = &intake.plan;
         crate::plan::log_decision(id, plan);
-        let adjustment = super::adjust::render(&self.cfg, plan, ctr)
+        let sets_ld_preload = (plan.edits.env.iter().chain(&plan.env_overrides))
+            .any(|e| e.starts_with("LD_PRELOAD="));
+        if let Some(r) = super::validate::koordlet_hami_core(&pod.labels, &ctr.env, sets_ld_preload)
+        {
+            return Err((Reason::Spec, format!("container {id}: gpufence nri: {r}")));
+        }
+        let mut decided = Decided {
+            devices: plan
+                .allocation
+                .iter()
+                .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+                .collect(),
+            allocation: plan.allocation.clone(),
+            ..Default::default()
+        };
+        let facts = self.node_facts(Some(intake.inventory.clone()));
+        // A variable the container has once as planned is left to whoever set it.
+        let agrees = |k: &str, planned: &str, present: &str| {
+            use crate::allocation::container_dialects::{
+                NVIDIA_VISIBLE_DEVICES, nvd_requests_nothing,
+            };
+            planned == present
+                || facts.env_agrees(k, present, &decided) == Some(true)
+                || (k == NVIDIA_VISIBLE_DEVICES
+                    && !nvd_requests_nothing(present)
+                    && super::validate::visibility_agrees(k, present, &decided, &facts))
+        };
+        let (adjustment, env) = super::adjust::render_decided(&self.cfg, plan, ctr, &agrees)
             .map_err(|e| (Reason::Spec, format!("container {id}: gpufence nri: {e}")))?;
+        decided.answer = adjustment.clone();
+        decided.env = env;
         if plan.state_dir.is_some() || !plan.host_files.is_empty() {
             crate::hostfiles::write_host_files(&self.cfg, id, plan).map_err(|e| {
                 let reason = if e.code() == 1 {
@@ -114,11 +199,52 @@ impl PlanHandler {
                 )
             })?;
         }
-        Ok(adjustment)
+        Ok((adjustment, decided))
+    }
+
+    /// The verdict on the merged adjustment of container `req.container` (see
+    /// [`super::validate`]), counted and logged as a refusal when it is one.
+    fn validate(&self, req: &ValidateContainerAdjustmentRequest, me: &str) -> Result<(), String> {
+        let t = std::time::Instant::now();
+        let (id, pod) = (
+            req.container.as_ref().map_or("", |c| c.id.as_str()),
+            req.pod.clone().unwrap_or_default(),
+        );
+        let decided = self.decisions.take(id);
+        let inventory = (self.load_inventory)(&self.cfg).ok();
+        let facts = self.node_facts(inventory);
+        let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
+        let validation_us = t.elapsed().as_micros() as u64;
+        match verdict {
+            Ok(()) => {
+                tracing::info!(container = %id, pod = %pod.name, namespace = %pod.namespace,
+                    validation_us, "NRI: merged adjustment validated");
+                Ok(())
+            }
+            Err(r) => {
+                crate::state::refusals::count(&self.cfg.state_dir, Reason::Spec);
+                let line = format!("container {}: gpufence nri: {r}", crate::text::short(id));
+                tracing::error!(container = %id, pod = %pod.name, namespace = %pod.namespace,
+                    validation_us, error = %line, "NRI: merged adjustment refused");
+                Err(line)
+            }
+        }
     }
 }
 
 impl PlanHandler {
+    /// The node's facts for a decision or a validation, with the scheduler dialects that vouch
+    /// for other plugins' variables.
+    fn node_facts(&self, inventory: Option<crate::inventory::Inventory>) -> NodeFacts {
+        let mut facts = NodeFacts::new(&self.cfg, self.gpu_majors(false), inventory);
+        // koordlet's env (NVIDIA_VISIBLE_DEVICES=<minors>, the unindexed HAMi-core limits)
+        // for what Koordinator granted.
+        facts
+            .dialects
+            .push(crate::allocation::koordinator::koordlet_env_agrees);
+        facts
+    }
+
     /// The GPU-class majors: 195 and every `nvidia*` of `/proc/devices`, with the inventory's
     /// nodes' (cached; `refresh` reads them again).
     fn gpu_majors(&self, refresh: bool) -> Vec<u32> {
@@ -237,7 +363,8 @@ impl Handler for PlanHandler {
     ) -> Result<ContainerAdjustment, String> {
         let t = std::time::Instant::now();
         match self.decide(pod, ctr) {
-            Ok(adjustment) => {
+            Ok((adjustment, decided)) => {
+                self.decisions.keep(&ctr.id, decided);
                 let decision_us = t.elapsed().as_micros() as u64;
                 let untouched = adjustment == ContainerAdjustment::default();
                 tracing::info!(
@@ -270,7 +397,40 @@ impl Handler for PlanHandler {
         }
     }
 
+    fn validates(&self) -> bool {
+        self.validate
+    }
+
+    fn validation_offered(&self, offered: bool) {
+        self.decisions
+            .validating
+            .store(offered, std::sync::atomic::Ordering::SeqCst);
+        // Also in `gpufence nri`'s own output, not only its log file.
+        use gpufence_nri_stub::service::{VALIDATION_OFF, VALIDATION_ON};
+        eprintln!(
+            "gpufence nri: {}",
+            if offered {
+                VALIDATION_ON
+            } else {
+                VALIDATION_OFF
+            }
+        );
+    }
+
+    fn validate_adjustment(
+        &self,
+        req: &ValidateContainerAdjustmentRequest,
+        me: &str,
+    ) -> Result<(), String> {
+        self.validate(req, me)
+    }
+
     fn container_started(&self, _pod: &PodSandbox, ctr: &Container) {
+        if self.decisions.take(&ctr.id).is_some() {
+            // Kept for a validation that never came: this runtime does not validate after all.
+            tracing::warn!(container = %ctr.id, "NRI: container started without the runtime \
+                asking gpufence to validate its merged adjustment; the after-the-fact fence stays");
+        }
         // NRI gives no pid at create: the status record learns it now, so `gpufence ps` can
         // reach the container's accounting region (the hook mode records its pid the same way).
         let id = ctr.id.as_str();
@@ -393,6 +553,8 @@ mod tests {
             cfg: cfg(dir),
             load_inventory,
             majors: std::sync::RwLock::new(None),
+            decisions: Decisions::default(),
+            validate: true,
         }
     }
 
@@ -486,6 +648,172 @@ mod tests {
         assert!(!state.exists());
         h.container_gone("c1", Gone::Removed);
         h.container_gone("../etc", Gone::Removed);
+    }
+
+    /// NRI's validation request for `adj` (gpufence's, as `90-gpufence`) merged with what
+    /// another plugin (`10-injector`, `00-koordlet`) added.
+    fn validation(
+        id: &str,
+        adj: &ContainerAdjustment,
+        other: ContainerAdjustment,
+        owned: &[(crate::api::Field, &str, &str)],
+    ) -> ValidateContainerAdjustmentRequest {
+        let d = Decided {
+            answer: adj.clone(),
+            ..Default::default()
+        };
+        crate::validate::tests::request_for(id, &d, other, owned)
+    }
+
+    #[test]
+    fn an_agreeing_variable_is_left_to_its_plugin_and_a_gpu_added_by_another_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        h.validation_offered(true);
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        // koordlet (index 00) set NVIDIA_VISIBLE_DEVICES to the granted GPU's index: gpufence
+        // does not set the key again (NRI would refuse two plugins setting it).
+        let adj = h
+            .create_container(&p, &ctr(&[], &["NVIDIA_VISIBLE_DEVICES=0"]))
+            .unwrap();
+        assert!(
+            !adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"),
+            "{adj:?}"
+        );
+        use crate::api::Field;
+        use crate::validate::tests::{dev, with_devices, with_env};
+        let koordlet = with_env(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+        let owned = [(Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet")];
+        let req = validation("c1", &adj, koordlet, &owned);
+        h.validate_adjustment(&req, "90-gpufence").unwrap();
+        // Another container of the pod, to which a plugin adds a GPU node on top.
+        let c2 = Container {
+            id: "c2".into(),
+            ..ctr(&[], &[])
+        };
+        let adj = h.create_container(&p, &c2).unwrap();
+        assert!(adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"));
+        let gpu = with_devices(vec![dev("/dev/nvidia7", 195, 7)]);
+        let owned = [(Field::Devices, "/dev/nvidia7", "10-injector")];
+        let req = validation("c2", &adj, gpu, &owned);
+        let err = h.validate_adjustment(&req, "90-gpufence").unwrap_err();
+        assert_eq!(
+            err,
+            "container c2: gpufence nri: plugin \"10-injector\" added device node /dev/nvidia7 \
+             (c 195:7), which gpufence did not plan for this container"
+        );
+        // Validated once: the decision is gone; a container never decided here is refused.
+        let err = h.validate_adjustment(&req, "90-gpufence").unwrap_err();
+        assert!(err.contains("no decision of this gpufence"), "{err}");
+        // A runtime that does not validate: nothing kept, nothing left behind.
+        h.validation_offered(false);
+        h.create_container(&p, &ctr(&[], &[])).unwrap();
+        assert!(h.decisions.take("c1").is_none());
+    }
+
+    #[test]
+    fn a_dialect_vouches_with_the_allocation_gpufence_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu);
+        h.validation_offered(true);
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        h.create_container(&p, &ctr(&[], &[])).unwrap();
+        let decided = h.decisions.take("c1").unwrap();
+        assert_eq!(decided.devices, ["GPU-a"]);
+        let mut facts = NodeFacts::new(&h.cfg, vec![195], one_gpu(&h.cfg).ok());
+        assert_eq!(facts.env_agrees("K", "minor-0", &decided), None);
+        facts.dialects.push(|alloc, inv, key, value| {
+            key == "K"
+                && value == format!("minor-{}", inv.gpus[0].minor)
+                && alloc.devices.len() == 1
+        });
+        assert_eq!(facts.env_agrees("K", "minor-0", &decided), Some(true));
+        assert_eq!(facts.env_agrees("K", "minor-1", &decided), None);
+        let no_gpu = Decided::default();
+        assert_eq!(facts.env_agrees("K", "minor-0", &no_gpu), None);
+    }
+
+    /// One GPU (index 0) whose device minor is 3: koordlet's `NVIDIA_VISIBLE_DEVICES=3` names it,
+    /// an index reading of `3` names nothing.
+    fn one_gpu_minor_3(cfg: &Config) -> Result<Inventory, String> {
+        let mut inv = one_gpu(cfg)?;
+        inv.gpus[0].minor = 3;
+        Ok(inv)
+    }
+
+    #[test]
+    fn koordlets_visible_devices_for_koordinators_grant_pass_creation_and_validation() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu_minor_3);
+        h.validation_offered(true);
+        let koord = r#"{"gpu":[{"minor":3,"resources":{"koordinator.sh/gpu-memory":"1Gi","koordinator.sh/gpu-core":50}}]}"#;
+        let p = pod(&[(crate::allocation::koordinator::ALLOCATED, koord)]);
+        // koordlet's plugin (index 00) set the GPU's minor before gpufence: gpufence leaves it.
+        let adj = h
+            .create_container(&p, &ctr(&[], &["NVIDIA_VISIBLE_DEVICES=3"]))
+            .unwrap();
+        assert!(
+            !adj.env.iter().any(|e| e.key == "NVIDIA_VISIBLE_DEVICES"),
+            "{adj:?}"
+        );
+        assert!(
+            adj.env
+                .iter()
+                .any(|e| e.key == "GPUFENCE_MEMORY_LIMIT_0" && e.value == (1u64 << 30).to_string()),
+            "{adj:?}"
+        );
+        use crate::api::Field;
+        use crate::validate::tests::with_env;
+        let koordlet = with_env(&[
+            ("NVIDIA_VISIBLE_DEVICES", "3"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", &(1u64 << 30).to_string()),
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+        ]);
+        let owned = [
+            (Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet"),
+            (Field::Env, "CUDA_DEVICE_MEMORY_LIMIT", "00-koordlet"),
+            (Field::Env, "CUDA_DEVICE_SM_LIMIT", "00-koordlet"),
+        ];
+        let req = validation("c1", &adj, koordlet, &owned);
+        h.validate_adjustment(&req, "90-gpufence").unwrap();
+    }
+
+    #[test]
+    fn koordlets_hami_core_preload_is_refused_at_creation_naming_the_label() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu_minor_3);
+        let koord = r#"{"gpu":[{"minor":3,"resources":{"koordinator.sh/gpu-memory":"1Gi"}}]}"#;
+        let annotations = [(crate::allocation::koordinator::ALLOCATED, koord)];
+        let env = [
+            "NVIDIA_VISIBLE_DEVICES=3",
+            "LD_PRELOAD=/usr/local/vgpu/libvgpu.so",
+        ];
+        // koordlet's injection (the pod's label): gpufence setting LD_PRELOAD again would collide
+        // with koordlet's plugin; refused here in the validation's words.
+        let mut p = pod(&annotations);
+        p.labels.insert(
+            "koordinator.sh/gpu-isolation-provider".into(),
+            "HAMi-core".into(),
+        );
+        let err = h.create_container(&p, &ctr(&[], &env)).unwrap_err();
+        assert_eq!(
+            err,
+            "container c1: gpufence nri: koordlet (pod label \
+             koordinator.sh/gpu-isolation-provider=HAMi-core) added env \
+             LD_PRELOAD=/usr/local/vgpu/libvgpu.so (HAMi-core), which gpufence replaces: turn off \
+             Koordinator's HAMi-core isolation for this pod (remove its label \
+             koordinator.sh/gpu-isolation-provider=HAMi-core): gpufence's shim enforces the \
+             quota in its place"
+        );
+        assert!(!dir.path().join("state/c1").exists());
+        // Without the label the preload is the image's: replaced by gpufence's value.
+        let adj = h
+            .create_container(&pod(&annotations), &ctr(&[], &env))
+            .unwrap();
+        let preload = adj.env.iter().find(|e| e.key == "LD_PRELOAD").unwrap();
+        assert!(!preload.value.contains("libvgpu"), "{adj:?}");
+        // The label on a pod whose env preloads no HAMi-core: nothing to replace, nothing refused.
+        h.create_container(&p, &ctr(&[], &env[..1])).unwrap();
     }
 
     #[test]

@@ -8,12 +8,16 @@
 //! * [`adjust`] — the plan rendered as the adjustment;
 //! * [`handler`] — the handler the CLI builds from gpufence's configuration;
 //! * [`fence`] — the after-the-fact fence: containers that reach a GPU without gpufence's
-//!   fence (created while NRI had dropped the plugin), found at Synchronize and PostStart.
+//!   fence (created while NRI had dropped the plugin), found at Synchronize and PostStart;
+//! * [`validate`] — the last word: every plugin's merged adjustment checked against gpufence's
+//!   decision (NRI's ValidateContainerAdjustment); [`facts`] — the node's side of it.
 
 pub mod adjust;
+pub mod facts;
 pub mod fence;
 pub mod handler;
 pub mod request;
+pub mod validate;
 
 // The decision's and the node's modules under the crate's own paths (`crate::plan`, …).
 use gpufence_core::{allocation, cdi, config, exit, fsutil, inventory, kubelet, plan, text};

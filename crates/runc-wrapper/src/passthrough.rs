@@ -22,6 +22,14 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{CONFIG_ENV, Config, DEFAULT_CONFIG_PATH};
 
+/// What the static entry `gpufence-runtime` execs for `create`, `run`, `delete` and a
+/// pass-through call without a fresh record: the wrapper binary beside it (the entry's own
+/// directory, read from `/proc/self/exe`; never found on PATH), with [`WRAPPER_ARGV0`].
+pub const WRAPPER_BINARY: &str = "gpufence-runtime-wrapper";
+
+/// The wrapper's `argv[0]`: the name the engine called.
+const WRAPPER_ARGV0: &CStr = c"gpufence-runtime";
+
 /// Where the records live: root's, on the node's tmpfs (gone at reboot, as the engine's state).
 pub const CACHE_DIR: &str = "/run/gpufence-runtime";
 
@@ -238,6 +246,44 @@ pub unsafe fn exec_unless_wrapped(argc: usize, argv: *const *const c_char) {
     // `environ` is libc's, unchanged since the process started (no thread, no setenv). On
     // success execve does not return; on failure the slow path runs and reports.
     unsafe { libc::execve(rt.as_ptr(), new_argv.as_ptr(), environ) };
+}
+
+/// Hand the call to the wrapper: exec [`WRAPPER_BINARY`] from this binary's own directory with
+/// [`WRAPPER_ARGV0`] and the call's arguments. Returns only when that fails, with the exit code
+/// after one line on stderr naming the binary.
+///
+/// # Safety
+/// As [`exec_unless_wrapped`].
+pub unsafe fn exec_wrapper(argc: usize, argv: *const *const c_char) -> i32 {
+    let wrapper = match std::fs::read_link("/proc/self/exe") {
+        Ok(me) => me.with_file_name(WRAPPER_BINARY),
+        Err(e) => {
+            eprintln!("gpufence-runtime: /proc/self/exe: {e}");
+            return 2;
+        }
+    };
+    let Ok(path) = CString::new(wrapper.clone().into_os_string().into_vec()) else {
+        eprintln!("gpufence-runtime: {}: NUL in path", wrapper.display());
+        return 2;
+    };
+    let mut new_argv: Vec<*const c_char> = Vec::with_capacity(argc + 1);
+    new_argv.push(WRAPPER_ARGV0.as_ptr());
+    // SAFETY: the caller hands `main`'s argv: `argc` valid pointers after argv[0].
+    new_argv.extend((1..argc).map(|i| unsafe { *argv.add(i) }));
+    new_argv.push(std::ptr::null());
+    unsafe extern "C" {
+        static environ: *const *const c_char;
+    }
+    // SAFETY: `path` and every argument outlive the call; the vector is null-terminated;
+    // `environ` is libc's, unchanged since the process started. On success execve does not
+    // return.
+    unsafe { libc::execve(path.as_ptr(), new_argv.as_ptr(), environ) };
+    eprintln!(
+        "gpufence-runtime: cannot run its wrapper {}: {}",
+        wrapper.display(),
+        std::io::Error::last_os_error()
+    );
+    2
 }
 
 #[cfg(test)]

@@ -112,6 +112,8 @@ pub(crate) enum Kind {
     Vmm,
     Array,
     Pool,
+    /// a VMM handle imported from a shareable handle (its memory is its exporter's)
+    VmmImport,
 }
 
 pub(crate) fn device(s: &State, dev: CUdevice) -> Result<&Device, CUresult> {

@@ -26,7 +26,7 @@ use crate::graphmem;
 
 use crate::driver::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
-    CUresult, current_device, guard, put, state,
+    CUresult, current_device, guard, put, state, tri,
 };
 
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
@@ -812,38 +812,38 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     params: *mut MemAllocNodeParams,
 ) -> CUresult {
     guard(|| {
-        if let Err(e) = graph_kernels(g) {
-            return e;
-        }
         // SAFETY: the caller's node parameters (null refused).
-        let Some(p) = (unsafe { params.as_mut() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
-        let st = match state() {
-            Ok(s) => s,
-            Err(e) => return e,
-        };
-        let dev = p.location_id;
-        if p.location_type != 1 || crate::driver::device(st, dev).is_err() || p.bytesize == 0 {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let Some(ptr) = crate::vram::map(p.bytesize as u64, libc::PROT_READ | libc::PROT_WRITE)
-        else {
-            return crate::driver::CUDA_ERROR_OUT_OF_MEMORY;
-        };
-        crate::vram::insert(
-            ptr,
-            p.bytesize as u64,
-            dev as usize,
-            crate::vram::RegionKind::Device,
-            0,
-        );
-        graphmem::note_address(ptr);
-        graphmem::added_to_graph(g, dev as usize, p.bytesize as u64);
-        p.dptr = ptr;
+        tri!(add_mem_alloc_node(g, unsafe { params.as_mut() }));
         // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(node, new_handle()) }
     })
+}
+
+/// Add a memory node described by `params` to graph `g`; its address goes into `params.dptr`.
+pub(crate) fn add_mem_alloc_node(
+    g: usize,
+    params: Option<&mut MemAllocNodeParams>,
+) -> Result<(), CUresult> {
+    graph_kernels(g)?;
+    let p = params.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let st = state()?;
+    let dev = p.location_id;
+    if p.location_type != 1 || crate::driver::device(st, dev).is_err() || p.bytesize == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ptr = crate::vram::map(p.bytesize as u64, libc::PROT_READ | libc::PROT_WRITE)
+        .ok_or(crate::driver::CUDA_ERROR_OUT_OF_MEMORY)?;
+    crate::vram::insert(
+        ptr,
+        p.bytesize as u64,
+        dev as usize,
+        crate::vram::RegionKind::Device,
+        0,
+    );
+    graphmem::note_address(ptr);
+    graphmem::added_to_graph(g, dev as usize, p.bytesize as u64);
+    p.dptr = ptr;
+    Ok(())
 }
 
 /// A free node of one of the graph's own allocations (its memory stays with the graph).
@@ -856,15 +856,20 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     dptr: u64,
 ) -> CUresult {
     guard(|| {
-        if let Err(e) = graph_kernels(g) {
-            return e;
-        }
-        if !graphmem::is_graph_address(dptr) {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
+        tri!(add_mem_free_node(g, dptr));
         // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(node, new_handle()) }
     })
+}
+
+/// Check a free node of `dptr` may join graph `g` (one of the graph allocations).
+pub(crate) fn add_mem_free_node(g: usize, dptr: u64) -> Result<(), CUresult> {
+    graph_kernels(g)?;
+    if graphmem::is_graph_address(dptr) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
 }
 
 /// The nodes of a graph: one per kernel (handles are the graph's own, numbered).
@@ -901,12 +906,39 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(s: usize, status: *mut c_int) 
     is_capturing(s, true, status)
 }
 
-fn graph_kernels(g: usize) -> Result<Vec<u64>, CUresult> {
+pub(crate) fn graph_kernels(g: usize) -> Result<Vec<u64>, CUresult> {
     let e = exec()?;
     lock(&e.graphs)
         .get(&g)
         .cloned()
         .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// A new graph (or instantiation) handle holding `kernels`.
+pub(crate) fn new_graph(kernels: Vec<u64>) -> Result<usize, CUresult> {
+    let e = exec()?;
+    let h = new_handle();
+    lock(&e.graphs).insert(h, kernels);
+    Ok(h)
+}
+
+/// Append `kernels` to graph `g`, or replace what it holds (`replace`).
+pub(crate) fn graph_set(g: usize, kernels: &[u64], replace: bool) -> Result<(), CUresult> {
+    let e = exec()?;
+    let mut m = lock(&e.graphs);
+    let k = m.get_mut(&g).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if replace {
+        k.clear();
+    }
+    k.extend_from_slice(kernels);
+    Ok(())
+}
+
+/// Instantiate `graph`: its kernels and its memory (`graphmem`).
+pub(crate) fn instantiate(graph: usize) -> Result<usize, CUresult> {
+    let h = new_graph(graph_kernels(graph)?)?;
+    graphmem::instantiated(h, graph);
+    Ok(h)
 }
 
 #[unsafe(no_mangle)]
@@ -916,23 +948,13 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     _flags: u64,
 ) -> CUresult {
     guard(|| {
-        let k = match graph_kernels(graph) {
-            Ok(k) => k,
-            Err(e) => return e,
-        };
-        let e = match exec() {
-            Ok(e) => e,
-            Err(r) => return r,
-        };
-        let h = new_handle();
-        lock(&e.graphs).insert(h, k);
-        graphmem::instantiated(h, graph);
+        let h = tri!(instantiate(graph));
         // SAFETY: the caller's out-pointer (put refuses NULL).
         unsafe { put(exec_out, h) }
     })
 }
 
-fn destroy_graph(g: usize) -> CUresult {
+pub(crate) fn destroy_graph(g: usize) -> CUresult {
     graphmem::destroyed(g);
     guard(|| match exec() {
         Ok(e) => match lock(&e.graphs).remove(&g) {

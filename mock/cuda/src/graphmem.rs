@@ -67,6 +67,41 @@ pub(crate) fn added_to_graph(g: usize, dev: usize, bytes: u64) {
     });
 }
 
+/// The memory nodes of graph `g`: (device, bytes), if any.
+pub(crate) fn graph_memory(g: usize) -> Option<(usize, u64)> {
+    with(|b| b.graphs.get(&g).copied())
+}
+
+/// Graph `to` gets memory nodes of `bytes` on `dev` (a clone, or a child graph moved into it).
+pub(crate) fn add_nodes(to: usize, (dev, bytes): (usize, u64)) {
+    added_to_graph(to, dev, bytes);
+}
+
+/// `exec` was updated from `graph` (`cuGraphExecUpdate`): it holds `graph`'s memory from now
+/// on; a resident instantiation takes the growth from the device at once (refused: nothing
+/// changes).
+pub(crate) fn updated(exec: usize, graph: usize) -> Result<(), CUresult> {
+    let s = state()?;
+    with(|b| -> Result<(), CUresult> {
+        let (dev, bytes) = b.graphs.get(&graph).copied().unwrap_or((0, 0));
+        match b.execs.get_mut(&exec) {
+            Some(e) if e.2 && bytes > e.1 => {
+                charge(s, e.0, bytes - e.1)?;
+                e.1 = bytes;
+            }
+            Some(e) if e.2 => {}
+            Some(e) => *e = (dev, bytes, false),
+            None if bytes > 0 => {
+                b.execs.insert(exec, (dev, bytes, false));
+            }
+            None => {}
+        }
+        Ok(())
+    })?;
+    note_highs();
+    Ok(())
+}
+
 /// `exec` was instantiated from `graph`.
 pub(crate) fn instantiated(exec: usize, graph: usize) {
     with(|b| {
@@ -76,7 +111,7 @@ pub(crate) fn instantiated(exec: usize, graph: usize) {
     });
 }
 
-/// Before launching `exec`: its memory, taken from the device at the first launch.
+/// Before launching or uploading `exec`: its memory, taken from the device the first time.
 pub(crate) fn launching(exec: usize) -> Result<(), CUresult> {
     let s = state()?;
     with(|b| -> Result<(), CUresult> {

@@ -17,7 +17,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -43,6 +43,7 @@ mod devctx;
 mod driver;
 mod functions;
 mod graphmem;
+mod graphnodes;
 mod integrity;
 mod limits;
 mod memops;
@@ -552,11 +553,15 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice
     })
 }
 
+/// The device's current pool: its default pool until `cuDeviceSetMemPool` set another.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
-    // SAFETY: same caller contract as cuDeviceGetDefaultMemPool (which null-checks `pool` before
-    // writing); only forwarded.
-    unsafe { cuDeviceGetDefaultMemPool(pool, dev) }
+    guard(|| {
+        let s = tri!(state());
+        tri!(device(s, dev));
+        // SAFETY: put rejects a null `pool`; otherwise the caller's out-slot for a CUmemoryPool.
+        unsafe { put(pool, pools::current(dev as usize)) }
+    })
 }
 
 /// `CUmemPoolProps` / `CUmemAllocationProp` start the same way: allocType, handleTypes,
@@ -795,8 +800,41 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
             return CUDA_SUCCESS;
         }
         drop(refs);
-        release(Kind::Vmm, handle)
+        let s = tri!(state());
+        let mut released = vmm_released();
+        if released.contains(&handle) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if vram::handle_mapped(handle) && vmm_allocation(s, handle).is_some() {
+            // the memory lives on while mapped; the last cuMemUnmap frees it
+            released.insert(handle);
+            return CUDA_SUCCESS;
+        }
+        drop(released);
+        drop_vmm(s, handle)
     })
+}
+
+/// VMM handles released while still mapped: their memory lives until the last range mapped to
+/// them is unmapped, as the driver keeps it.
+static VMM_RELEASED: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+
+fn vmm_released() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
+    VMM_RELEASED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ranges were unmapped: the memory of released handles no longer mapped anywhere goes back.
+fn unmapped(gone: &[vram::Region]) {
+    for r in gone {
+        if r.kind != vram::RegionKind::Mapped || vram::handle_mapped(r.pool) {
+            continue;
+        }
+        if vmm_released().remove(&r.pool)
+            && let Ok(s) = state()
+        {
+            drop_vmm(s, r.pool);
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -826,7 +864,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 pub extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         tri!(state());
-        tri!(vram::unreserve(ptr, size as u64));
+        unmapped(&tri!(vram::unreserve(ptr, size as u64)));
         CUDA_SUCCESS
     })
 }
@@ -841,7 +879,7 @@ pub extern "C" fn cuMemMap(
 ) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        let alloc = vmm_allocation(s, handle);
+        let alloc = vmm_allocation(s, handle).filter(|_| !vmm_released().contains(&handle));
         let Some((dev, bytes)) = alloc else {
             return CUDA_ERROR_INVALID_HANDLE;
         };
@@ -864,10 +902,92 @@ pub extern "C" fn cuMemMap(
 
 /// (device, bytes) of a live VMM handle.
 fn vmm_allocation(s: &State, handle: u64) -> Option<(usize, u64)> {
-    s.allocs
+    s.allocs.lock().ok().and_then(|m| {
+        m.get(&(Kind::Vmm as u8, handle))
+            .or_else(|| m.get(&(Kind::VmmImport as u8, handle)))
+            .copied()
+    })
+}
+
+/// Drop a VMM handle: an imported one leaves the memory to its exporter (the simulation does not
+/// keep an exporter's memory alive for its importers), one of ours gives it back.
+fn drop_vmm(s: &State, handle: u64) -> CUresult {
+    let imported = s
+        .allocs
         .lock()
         .ok()
-        .and_then(|m| m.get(&(Kind::Vmm as u8, handle)).copied())
+        .and_then(|mut m| m.remove(&(Kind::VmmImport as u8, handle)));
+    if imported.is_some() {
+        CUDA_SUCCESS
+    } else {
+        release(Kind::Vmm, handle)
+    }
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`
+const HANDLE_TYPE_POSIX_FD: c_int = 1;
+const SHARE_MAGIC: u64 = 0x6766_766d_6d73_6872;
+
+/// A VMM handle exported as a file descriptor (a memfd naming its size and device), for
+/// `cuMemImportFromShareableHandle` in this or another process.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    out: *mut c_void,
+    handle: u64,
+    handle_type: c_int,
+    _flags: u64,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if handle_type != HANDLE_TYPE_POSIX_FD {
+            return driver::CUDA_ERROR_NOT_SUPPORTED;
+        }
+        let Some((dev, bytes)) = vmm_allocation(s, handle) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: a NUL-terminated name; memfd_create returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(c"gpufence-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let words = [SHARE_MAGIC, bytes, dev as u64];
+        // SAFETY: writes 24 bytes from `words` to our own new descriptor.
+        let n = unsafe { libc::write(fd, words.as_ptr().cast(), 24) };
+        if n != 24 {
+            // SAFETY: our own descriptor, closed once.
+            unsafe { libc::close(fd) };
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        // SAFETY: put refuses NULL; for this handle type the caller's slot is an int.
+        unsafe { put(out.cast::<c_int>(), fd) }
+    })
+}
+
+/// A handle to memory another handle (of this or another process) exported: the same bytes,
+/// no new device memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CUresult {
+    guard(|| {
+        let s = tri!(state());
+        if handle_type != HANDLE_TYPE_POSIX_FD {
+            return driver::CUDA_ERROR_NOT_SUPPORTED;
+        }
+        let fd = os_handle as usize as c_int;
+        let mut words = [0u64; 3];
+        // SAFETY: reads at most 24 bytes into `words`; a bad descriptor fails the read.
+        let n = unsafe { libc::pread(fd, words.as_mut_ptr().cast(), 24, 0) };
+        if n != 24 || words[0] != SHARE_MAGIC || device(s, words[2] as c_int).is_err() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = s.next_handle.fetch_add(16, Ordering::Relaxed);
+        record(s, Kind::VmmImport, h, words[2] as usize, words[1]);
+        // SAFETY: put refuses NULL; otherwise the caller's handle slot.
+        unsafe { put(handle, h) }
+    })
 }
 
 /// The properties a VMM handle was created with: pinned device memory of its device.
@@ -925,8 +1045,9 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         if !vram::reserved_covers(ptr, size as u64) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        vram::forget_range(ptr, size as u64);
+        let gone = vram::forget_range(ptr, size as u64);
         tri!(vram::remap_fixed(ptr, size as u64, libc::PROT_NONE));
+        unmapped(&gone);
         CUDA_SUCCESS
     })
 }
@@ -1174,6 +1295,8 @@ fn exports() -> &'static [(&'static str, usize)] {
             cuMemSetAccess,
             cuMemGetAllocationPropertiesFromHandle,
             cuMemRetainAllocationHandle,
+            cuMemExportToShareableHandle,
+            cuMemImportFromShareableHandle,
             cuArrayCreate_v2,
             cuArray3DCreate_v2,
             cuMipmappedArrayCreate,
@@ -1187,6 +1310,7 @@ fn exports() -> &'static [(&'static str, usize)] {
         t.extend(exec::exports());
         t.extend(pools::exports());
         t.extend(graphmem::exports());
+        t.extend(graphnodes::exports());
         t.extend(memops::exports());
         t.extend(devctx::exports());
         t.extend(streams::exports());

@@ -97,6 +97,11 @@ fn threshold(pool: u64) -> u64 {
 pub(crate) fn destroyed(pool: u64) {
     give_back(Some(pool), Some(0));
     kept(|m| m.remove(&pool));
+    // a device it was current for has its default pool current again
+    let mut m = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = m.as_mut() {
+        m.retain(|_, p| *p != pool);
+    }
 }
 
 /// device → the pool `cuMemAllocAsync` uses (absent: the default pool)

@@ -109,7 +109,6 @@ unsupported! {
     ]
     /// explicit graph construction
     [
-        cuGraphAddChildGraphNode,
         cuGraphAddDependencies,
         cuGraphAddEmptyNode,
         cuGraphAddEventRecordNode,
@@ -120,9 +119,7 @@ unsupported! {
         cuGraphAddKernelNode,
         cuGraphAddMemcpyNode,
         cuGraphAddMemsetNode,
-        cuGraphAddNode,
         cuGraphChildGraphNodeGetGraph,
-        cuGraphClone,
         cuGraphConditionalHandleCreate,
         cuGraphDebugDotPrint,
         cuGraphDestroyNode,
@@ -141,7 +138,6 @@ unsupported! {
         cuGraphExecMemcpyNodeSetParams,
         cuGraphExecMemsetNodeSetParams,
         cuGraphExecNodeSetParams,
-        cuGraphExecUpdate,
         cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams,
         cuGraphExternalSemaphoresWaitNodeGetParams,
@@ -151,7 +147,6 @@ unsupported! {
         cuGraphHostNodeGetParams,
         cuGraphHostNodeSetParams,
         cuGraphInstantiate,
-        cuGraphInstantiateWithParams,
         cuGraphKernelNodeCopyAttributes,
         cuGraphKernelNodeGetAttribute,
         cuGraphKernelNodeGetParams,
@@ -173,7 +168,6 @@ unsupported! {
         cuGraphReleaseUserObject,
         cuGraphRemoveDependencies,
         cuGraphRetainUserObject,
-        cuGraphUpload,
         cuStreamBeginCaptureToGraph,
         cuStreamUpdateCaptureDependencies,
         cuUserObjectCreate,
@@ -251,11 +245,6 @@ unsupported! {
     [
         cuTensorMapEncodeIm2col,
         cuTensorMapReplaceAddress,
-    ]
-    /// export and import of VMM handles as file descriptors (IPC of expandable segments)
-    [
-        cuMemExportToShareableHandle,
-        cuMemImportFromShareableHandle,
     ]
     /// pool export and import (IPC of pools)
     [

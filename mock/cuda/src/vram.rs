@@ -233,21 +233,27 @@ pub(crate) fn reserved_covers(p: u64, n: u64) -> bool {
         .is_some_and(|(s, len)| p.saturating_add(n) <= s + len)
 }
 
-/// Drop the regions mapped inside `[p, p + n)`.
-pub(crate) fn forget_range(p: u64, n: u64) {
+/// Drop the regions mapped inside `[p, p + n)`; they are returned.
+pub(crate) fn forget_range(p: u64, n: u64) -> Vec<Region> {
     let mut m = regions();
     let inside: Vec<u64> = m.range(p..p.saturating_add(n)).map(|(s, _)| *s).collect();
-    for s in inside {
-        m.remove(&s);
-    }
+    inside.iter().filter_map(|s| m.remove(s)).collect()
 }
 
-/// Release a reservation made by `reserve` (it must start at `p`).
-pub(crate) fn unreserve(p: u64, n: u64) -> Result<(), CUresult> {
+/// Whether some range is mapped to VMM handle `handle`.
+pub(crate) fn handle_mapped(handle: u64) -> bool {
+    regions()
+        .values()
+        .any(|r| r.kind == RegionKind::Mapped && r.pool == handle)
+}
+
+/// Release a reservation made by `reserve` (it must start at `p`); the regions mapped in it
+/// are returned.
+pub(crate) fn unreserve(p: u64, n: u64) -> Result<Vec<Region>, CUresult> {
     let len = reserved().remove(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    forget_range(p, len.max(n));
+    let gone = forget_range(p, len.max(n));
     unmap(p, len);
-    Ok(())
+    Ok(gone)
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ macro_rules! graph_launch {
         pub unsafe extern "C" fn $name(exec: usize, stream: usize) -> CUresult {
             guard(|| {
                 let real = real_or!($name);
-                if let Err(e) = graphmem::launching(exec) {
+                if let Err(e) = graphmem::launching(exec, "cuGraphLaunch (graph memory)") {
                     return e;
                 }
                 // SAFETY: the caller's arguments, unchanged, to the driver's own function.
@@ -199,8 +199,6 @@ macro_rules! instantiate {
     };
 }
 instantiate!(cuGraphInstantiateWithFlags(flags: u64));
-instantiate!(cuGraphInstantiateWithParams(params: *mut c_void));
-instantiate!(cuGraphInstantiateWithParams_ptsz(params: *mut c_void));
 instantiate!(cuGraphInstantiate_v2(err_node: *mut usize, log: *mut c_char, log_size: usize));
 
 /// An explicit memory node: its bytes belong to the graph (`graphmem`), charged at launch.
@@ -266,5 +264,6 @@ sync_point!(cuStreamSynchronize(stream: usize));
 sync_point!(cuStreamSynchronize_ptsz(stream: usize));
 sync_point!(cuEventSynchronize(event: usize));
 sync_point!(cuCtxSynchronize());
+sync_point!(cuCtxSynchronize_v2(ctx: usize));
 then_note!(cuGraphDestroy(graph: usize) => graph_destroyed);
 then_note!(cuDeviceGraphMemTrim(dev: c_int) => trimmed);

@@ -4,19 +4,20 @@
 //! `cuDeviceTotalMem` report the container's slice of the device. Stream-ordered allocations
 //! made while a stream captures belong to the graph (`graphmem`).
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 
 use super::{guard, real_or};
 use crate::enforce::{
-    charge, charged, enforce_current, enforce_dev, enforce_pool, read_ptr, released, slice,
+    charge, charged, current_ordinal, enforce_current, enforce_dev, enforce_pool, read_ptr,
+    released, slice,
 };
 use crate::ffi::{
-    ATTACH_GLOBAL, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult,
-    LOCATION_DEVICE, PropHead,
+    ATTACH_GLOBAL, AllocationProp, Array3dDesc, ArrayDesc, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    CUresult, LOCATION_DEVICE, PropHead,
 };
 use crate::state::{Acct, Config};
 use crate::table::{self, Kind};
-use crate::{cores, graphmem, poolmem, real, state};
+use crate::{cores, graphmem, poolmem, real, state, vmmmem};
 
 // Linear memory
 
@@ -185,16 +186,16 @@ fn stream_ordered(
     r
 }
 
-/// The pool `cuMemAllocAsync` takes from: the current device's current pool (0: unknown).
-fn current_pool() -> u64 {
-    let (Some(dev), Some(get)) = (real::cuCtxGetDevice(), real::cuDeviceGetMemPool()) else {
-        return 0;
+/// Enforcement for the current context's device, and the pool `cuMemAllocAsync` takes from
+/// there: the device's current pool (0: unknown; asked of the driver only when enforcing).
+fn enforce_current_pool() -> (Option<(&'static Config, Acct)>, u64) {
+    let Some(d) = state::config().and_then(|_| current_ordinal()) else {
+        return (None, 0);
     };
-    let mut d: c_int = 0;
-    let mut p: usize = 0;
-    // SAFETY: real driver calls with valid out-pointers.
-    let ok = unsafe { dev(&mut d) == CUDA_SUCCESS && get(&mut p, d) == CUDA_SUCCESS };
-    if ok { p as u64 } else { 0 }
+    match enforce_dev(d) {
+        Some(e) => (Some(e), poolmem::current_pool(d)),
+        None => (None, 0),
+    }
 }
 
 /// A stream-ordered free: an allocation of a pool goes back to the pool, still charged
@@ -225,11 +226,12 @@ fn stream_ordered_free(dptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: usize) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync);
+        let (e, pool) = enforce_current_pool();
         stream_ordered(
-            enforce_current(),
+            e,
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, false, current_pool()),
+            (stream, false, pool),
             // SAFETY: `f` is the driver's own cuMemAllocAsync (dlsym'd, non-null, transmuted to its
             // exact C signature); the application's arguments go through unchanged under the CUDA
             // caller contract.
@@ -249,11 +251,12 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     guard(|| {
         let f = real_or!(cuMemAllocAsync_ptsz);
+        let (e, pool) = enforce_current_pool();
         stream_ordered(
-            enforce_current(),
+            e,
             "cuMemAllocAsync",
             bytes as u64,
-            (stream, true, current_pool()),
+            (stream, true, pool),
             // SAFETY: `f` is the driver's own cuMemAllocAsync_ptsz (dlsym'd, non-null, transmuted
             // to its exact C signature); the application's arguments go through unchanged under the
             // CUDA caller contract.
@@ -377,6 +380,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: usize) -> CUresult {
         if r == CUDA_SUCCESS && state::config().is_some() {
             let _ = table::take(Kind::Pool, pool as u64);
             poolmem::destroyed(pool as u64);
+            poolmem::current_gone(pool as u64);
         }
         r
     })
@@ -407,10 +411,48 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut usize, dev: c_int) -> CUr
         let r = unsafe { f(pool, dev) };
         if r == CUDA_SUCCESS {
             note_pool(pool, dev);
+            // SAFETY: the driver succeeded, so `pool` (checked non-null) holds the pool.
+            if let Some(p) = unsafe { pool.as_ref() } {
+                poolmem::set_current(dev, *p as u64);
+            }
         }
         r
     })
 }
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: usize) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuDeviceSetMemPool);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(dev, pool) };
+        if r == CUDA_SUCCESS {
+            poolmem::set_current(dev, pool as u64);
+        }
+        r
+    })
+}
+
+macro_rules! primary_reset {
+    ($name:ident) => {
+        /// A reset primary context may come back with the default pool current: asked again.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dev: c_int) -> CUresult {
+            guard(|| {
+                let f = real_or!($name);
+                // SAFETY: the caller's argument, unchanged, to the driver's own function.
+                let r = unsafe { f(dev) };
+                if r == CUDA_SUCCESS {
+                    poolmem::set_current(dev, 0);
+                }
+                r
+            })
+        }
+    };
+}
+primary_reset!(cuDevicePrimaryCtxReset_v2);
+// the unversioned name a real driver keeps with the `_v2` meaning (XLA binds it)
+primary_reset!(cuDevicePrimaryCtxReset);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: usize, keep: usize) -> CUresult {
@@ -492,7 +534,101 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
         // SAFETY: `f` is the driver's own cuMemRelease (dlsym'd, non-null, transmuted to its exact
         // C signature); the application's arguments go through unchanged under the CUDA caller
         // contract.
-        released(Kind::Vmm, handle, || unsafe { f(handle) })
+        vmmmem::release(handle, || unsafe { f(handle) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: u64,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemMap);
+        let charged = match vmmmem::mapping(handle, size as u64) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(ptr, size, offset, handle, flags) };
+        vmmmem::mapped(ptr, size as u64, handle, charged, r == CUDA_SUCCESS);
+        r
+    })
+}
+
+macro_rules! unmapping {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(ptr: u64, size: usize) -> CUresult {
+            guard(|| {
+                let f = real_or!($name);
+                // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+                let r = unsafe { f(ptr, size) };
+                if r == CUDA_SUCCESS {
+                    vmmmem::unmapped(ptr, size as u64);
+                }
+                r
+            })
+        }
+    };
+}
+unmapping!(cuMemUnmap);
+unmapping!(cuMemAddressFree);
+
+/// An imported handle: its mappings are charged (`vmmmem`), on the device the driver names.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemImportFromShareableHandle);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(handle, os_handle, handle_type) };
+        if r != CUDA_SUCCESS || handle.is_null() || state::config().is_none() {
+            return r;
+        }
+        // SAFETY: the driver succeeded, so it wrote the caller's handle slot.
+        let h = unsafe { handle.read() };
+        let mut prop = AllocationProp {
+            head: PropHead {
+                alloc_type: 0,
+                handle_types: 0,
+                location_type: 0,
+                location_id: 0,
+            },
+            rest: [0; 2],
+        };
+        let dev = match real::cuMemGetAllocationPropertiesFromHandle() {
+            // SAFETY: the driver's own function, a whole CUmemAllocationProp to write.
+            Some(get) if unsafe { get(&mut prop, h) } == CUDA_SUCCESS => {
+                (prop.head.location_type == LOCATION_DEVICE).then_some(prop.head.location_id)
+            }
+            // the driver cannot say: the current device's (fail closed)
+            _ => current_ordinal(),
+        };
+        if let Some(d) = dev {
+            vmmmem::imported(h, d);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: u64) -> CUresult {
+    guard(|| {
+        let f = real_or!(cuMemRetainAllocationHandle);
+        // SAFETY: the caller's arguments, unchanged, to the driver's own function.
+        let r = unsafe { f(handle, addr) };
+        if r == CUDA_SUCCESS && !handle.is_null() {
+            // SAFETY: the driver succeeded, so it wrote the caller's handle slot.
+            vmmmem::retained(unsafe { handle.read() });
+        }
+        r
     })
 }
 

@@ -9,6 +9,7 @@
 
 use crate::ffi::{CUDA_ERROR_UNKNOWN, CUresult};
 
+pub mod cuda_graph;
 pub mod cuda_launch;
 pub mod cuda_memory;
 pub mod dl;

@@ -21,13 +21,21 @@ pub(super) fn devices(parts: &[Part]) -> Result<Vec<Resolved>, AllocationError> 
                 x.sort();
                 y.sort();
                 if x != y {
+                    let shown = |f: &Facet<Vec<Resolved>>| {
+                        let v: Vec<String> = f
+                            .values
+                            .iter()
+                            .map(|r| describe(&r.device, &r.uuid))
+                            .collect();
+                        v.join(", ")
+                    };
                     return Err(disagree(
                         p.dialect,
                         d,
                         bd,
                         &b.key,
                         &b.value,
-                        "devices differ",
+                        &format!("devices differ ({} here, {} there)", shown(d), shown(b)),
                     ));
                 }
             }
@@ -67,13 +75,17 @@ fn disagree<T>(
     base_value: &str,
     what: &str,
 ) -> AllocationError {
+    // Two parts of one dialect (Koordinator's annotation and koordlet's env) name the other
+    // input rather than the dialect twice.
+    let other = if d == base {
+        format!("{base_key}={:?} (both {d})", short(base_value))
+    } else {
+        format!("the {base} dialect ({base_key}={:?})", short(base_value))
+    };
     AllocationError::new(
         &f.key,
         &f.value,
-        format!(
-            "the {d} dialect disagrees with the {base} dialect ({base_key}={:?}): {what}",
-            short(base_value)
-        ),
+        format!("the {d} dialect disagrees with {other}: {what}"),
     )
 }
 

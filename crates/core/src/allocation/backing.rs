@@ -608,6 +608,12 @@ pub fn unbacked(
             shown
         ),
     };
+    // Koordinator's GPUs are never in kubelet's record: say which mode its pods need.
+    let why = if key == super::koordinator::ALLOCATED {
+        format!("{}; {why}", super::koordinator::needs_admission())
+    } else {
+        why
+    };
     tracing::warn!(key, value, reason = %why, "grant not backed by kubelet: refused");
     AllocationError::new(key, value, why)
 }

@@ -30,6 +30,9 @@ pub fn is_allocation_key(key: &str) -> bool {
         || key.starts_with("cdi.k8s.io/")
         || key == "aliyun.com/gpu-count"
         || key == super::pod_dialects::hami_pod::ALLOCATED
+        || key == super::pod_dialects::hami_pod::VOLCANO_ALLOCATED
+        || key == super::pod_dialects::hami_mig::MIG_ALLOCATIONS
+        || key == super::pod_dialects::koordinator_pod::ALLOCATED
         || key.starts_with(super::container_dialects::ALIYUN_PREFIX)
         || key.starts_with(super::pod_dialects::kai_pod::PREFIX)
 }
@@ -86,6 +89,11 @@ mod tests {
             ("cdi.k8s.io/x", "gpufence.dev/gpu=0"),
             ("aliyun.com/gpu-count", "1"),
             ("org.opencontainers.image.stopSignal", "15"),
+            (
+                "scheduling.koordinator.sh/device-allocated",
+                r#"{"gpu":[{"minor":0}]}"#,
+            ),
+            ("volcano.sh/vgpu-ids-new", "GPU-a,NVIDIA,1,0:;"),
         ]);
         let mut a = pod.clone();
         assert_eq!(
@@ -94,7 +102,9 @@ mod tests {
                 "aliyun.com/gpu-count",
                 "cdi.k8s.io/x",
                 "gpufence.dev/devices",
-                "gpufence.dev/memory"
+                "gpufence.dev/memory",
+                "scheduling.koordinator.sh/device-allocated",
+                "volcano.sh/vgpu-ids-new"
             ]
         );
         assert_eq!(

@@ -27,6 +27,20 @@ pub mod spec_devices;
 pub mod types;
 
 pub use error::{AllocationError, MAX_WHY};
+
+/// Koordinator: koord-scheduler's `scheduling.koordinator.sh/device-allocated` annotation
+/// ([`pod_dialects::koordinator_pod`]) and the env koordlet adds beside it
+/// ([`container_dialects::koordlet_env`]): what agrees with the plan, and HAMi-core's preload,
+/// which gpufence's shim replaces.
+pub mod koordinator {
+    pub use super::container_dialects::koordlet_env::{
+        HAMI_CORE_PROVIDER, ISOLATION_PROVIDER, koordlet_env_agrees, neutralise_hami_core,
+        without_hami_core,
+    };
+    pub use super::pod_dialects::koordinator_pod::{
+        ALLOCATED, GpuGrant, needs_admission, parse, parts, read,
+    };
+}
 pub use types::{
     AllocatedDevice, Allocation, DeviceRef, FacetSource, ForeignCdiDevice, Intake, Origin,
 };
@@ -38,15 +52,19 @@ use input::Inputs;
 pub(crate) use crate::text::short;
 
 /// Annotation keys the dialects read (gpufence's own, CDI's, the schedulers' pod annotations:
-/// HAMi's allocation, gpushare's extender annotations and GPU count, KAI's NvFractions), passed
-/// into the OCI spec by containerd's `pod_annotations` / `container_annotations` allow-lists.
-pub const ANNOTATION_ALLOW_LIST: [&str; 6] = [
+/// HAMi's allocation and MIG reservations, gpushare's extender annotations and GPU count, KAI's
+/// NvFractions, Koordinator's device allocation, Volcano's vGPU ids), passed into the OCI spec by
+/// containerd's `pod_annotations` / `container_annotations` allow-lists.
+pub const ANNOTATION_ALLOW_LIST: [&str; 9] = [
     "gpufence.dev/*",
     "cdi.k8s.io/*",
     "aliyun.com/gpu-count",
     "hami.io/vgpu-devices-allocated",
     "ALIYUN_COM_GPU_MEM_*",
     "nvidia.com/container.*",
+    "scheduling.koordinator.sh/device-allocated",
+    "volcano.sh/vgpu-ids-new",
+    "hami.io/vgpu-mig-allocations",
 ];
 
 /// Default driver capabilities.
@@ -71,6 +89,7 @@ pub fn read_request(
         &mut raw.annotations,
         config.allocation.trust_libpod_annotations,
     );
+    let koordinator = koordinator::parts(&mut raw, inventory, config)?;
     let view = kubelet_env::view(raw, config, kubelet, &mut intake)?;
     let (inputs, config) = (&view.inputs, &view.config);
     let ac = &config.allocation;
@@ -82,6 +101,10 @@ pub fn read_request(
     };
     let (mut parts, mut origins) =
         read_parts(inputs, inventory, config, cdi_specs, env_origin, record)?;
+    for (p, o) in koordinator {
+        parts.push(p);
+        origins.push(o);
+    }
     gpushare_needs_kubelet(&view, &parts)?;
     let subject = backing::Subject {
         mode: ac.trust_annotations,
@@ -146,10 +169,12 @@ pub fn read_request(
             dropped.join(", ")
         ));
     }
-    let nvd_consumed = parts
-        .iter()
-        .any(|p| (p.dialect == Dialect::Hami || p.dialect == Dialect::Gpushare) && !p.is_empty())
-        || ac.honours(Dialect::Nvidia);
+    let nvd_consumed = parts.iter().any(|p| {
+        matches!(
+            p.dialect,
+            Dialect::Hami | Dialect::Volcano | Dialect::Gpushare
+        ) && !p.is_empty()
+    }) || ac.honours(Dialect::Nvidia);
     neutralise(
         inputs,
         config,
@@ -158,6 +183,9 @@ pub fn read_request(
         &mut intake,
     );
     kubelet_env::neutralise_unrecorded(&view, !devices.is_empty(), &mut intake);
+    if !devices.is_empty() {
+        koordinator::neutralise_hami_core(request, &mut intake);
+    }
     kubelet_env::refusal(&view, !devices.is_empty() || !foreign.is_empty())?;
     intake.kubelet = view.report.clone();
     if devices.is_empty() && foreign.is_empty() {

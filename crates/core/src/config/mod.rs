@@ -126,6 +126,11 @@ pub enum Dialect {
     Nvidia,
     /// KAI scheduler's NvFractions pod annotations (`nvidia.com/container.<name>.*`).
     Kai,
+    /// Koordinator's `scheduling.koordinator.sh/device-allocated` pod annotation (and the env
+    /// koordlet adds beside it, which must agree).
+    Koordinator,
+    /// Volcano vGPU's `volcano.sh/vgpu-ids-new` pod annotation (HAMi's format).
+    Volcano,
     /// GPU device nodes already in the spec (device plugins' DeviceSpecs and CDI devices, DRA
     /// claims, `--device`): always read, whatever `allocation.dialects` says
     /// ([`crate::allocation::spec_devices`]).
@@ -133,13 +138,15 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    pub const ALL: [Dialect; 6] = [
+    pub const ALL: [Dialect; 8] = [
         Dialect::Gpufence,
         Dialect::Cdi,
         Dialect::Hami,
         Dialect::Gpushare,
         Dialect::Nvidia,
         Dialect::Kai,
+        Dialect::Koordinator,
+        Dialect::Volcano,
     ];
     /// Dialects whose allocation is read from the process environment.
     pub fn is_env_based(self) -> bool {
@@ -153,6 +160,8 @@ impl Dialect {
             Dialect::Gpushare => "gpushare",
             Dialect::Nvidia => "nvidia",
             Dialect::Kai => "kai",
+            Dialect::Koordinator => "koordinator",
+            Dialect::Volcano => "volcano",
             Dialect::Devices => "devices",
         }
     }

@@ -29,10 +29,11 @@ pub fn env(request: &Inputs, alloc: &Allocation, config: &Config) -> Vec<String>
         env.push("GPUFENCE_OVERSUBSCRIBE=1".to_string());
     }
     if config.shim.inject == ShimInject::Env {
-        let existing = request
-            .env_first("LD_PRELOAD")
-            .filter(|v| !v.trim().is_empty());
-        let value = match existing {
+        // HAMi-core's preload (koordlet's injection) is dropped: gpufence's shim replaces it.
+        let existing = request.env_first("LD_PRELOAD").map(|v| {
+            crate::allocation::koordinator::without_hami_core(v).unwrap_or_else(|| v.to_string())
+        });
+        let value = match existing.as_deref().filter(|v| !v.trim().is_empty()) {
             Some(v) if v.split([':', ' ']).any(|p| p == CONTAINER_SHIM_PATH) => v.to_string(),
             Some(v) => format!("{CONTAINER_SHIM_PATH}:{v}"),
             None => CONTAINER_SHIM_PATH.to_string(),

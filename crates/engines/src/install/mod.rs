@@ -28,6 +28,8 @@ use host::Host;
 /// Where gpufence lives on the host (the .deb's layout).
 pub const HOST_GPUFENCE: &str = "/usr/bin/gpufence";
 pub const HOST_RUNTIME: &str = "/usr/bin/gpufence-runtime";
+/// What the static entry [`HOST_RUNTIME`] execs for `create`/`run`/`delete`: beside it.
+pub const HOST_RUNTIME_WRAPPER: &str = "/usr/bin/gpufence-runtime-wrapper";
 pub const HOST_SHIM: &str = "/usr/lib/gpufence/libgpufence.so";
 pub const HOST_CONFIG: &str = "/etc/gpufence/config.toml";
 pub const HOST_STATE: &str = "/var/lib/gpufence";
@@ -55,11 +57,12 @@ pub enum Restart {
 pub struct Sources {
     pub gpufence: PathBuf,
     pub runtime: PathBuf,
+    pub runtime_wrapper: PathBuf,
     pub shim: PathBuf,
 }
 
 impl Sources {
-    /// Beside `bin_dir` (`gpufence`, `gpufence-runtime`); the shim at
+    /// Beside `bin_dir` (`gpufence`, `gpufence-runtime`, `gpufence-runtime-wrapper`); the shim at
     /// `bin_dir/../lib/gpufence/libgpufence.so` (image, package) or `bin_dir/libgpufence.so`
     /// (a cargo build).
     pub fn beside(bin_dir: &Path) -> Sources {
@@ -67,6 +70,7 @@ impl Sources {
         Sources {
             gpufence: bin_dir.join("gpufence"),
             runtime: bin_dir.join("gpufence-runtime"),
+            runtime_wrapper: bin_dir.join("gpufence-runtime-wrapper"),
             shim: if packaged.exists() {
                 packaged
             } else {
@@ -314,9 +318,10 @@ pub fn install(o: &Options, host: &mut dyn Host) -> Result<Vec<String>, InstallE
     for (src, dest, mode) in [
         (&s.gpufence, HOST_GPUFENCE, 0o755),
         (&s.runtime, HOST_RUNTIME, 0o755),
+        (&s.runtime_wrapper, HOST_RUNTIME_WRAPPER, 0o755),
         (&s.shim, HOST_SHIM, 0o644),
     ] {
-        if dest == HOST_RUNTIME && o.mode == Mode::Nri {
+        if (dest == HOST_RUNTIME || dest == HOST_RUNTIME_WRAPPER) && o.mode == Mode::Nri {
             continue;
         }
         install_file(o, src, dest, mode, previous.as_ref(), &mut m, &mut report)?;

@@ -43,6 +43,7 @@ fn setup(name: &str, engine: Engine) -> (PathBuf, Options) {
     std::fs::create_dir_all(d.join("image/usr/lib/gpufence")).unwrap();
     std::fs::write(src.join("gpufence"), "gpufence v2").unwrap();
     std::fs::write(src.join("gpufence-runtime"), "runtime v2").unwrap();
+    std::fs::write(src.join("gpufence-runtime-wrapper"), "runtime wrapper v2").unwrap();
     std::fs::write(d.join("image/usr/lib/gpufence/libgpufence.so"), "shim v2").unwrap();
     let o = Options {
         host_root: host.clone(),
@@ -123,6 +124,7 @@ fn install_then_uninstall_leaves_the_host_as_it_was() {
             & 0o777
     };
     assert_eq!(mode("usr/bin/gpufence-runtime"), 0o755);
+    assert_eq!(mode("usr/bin/gpufence-runtime-wrapper"), 0o755);
     assert_eq!(mode("usr/lib/gpufence/libgpufence.so"), 0o644);
 
     again_then_uninstall(&o, &host, &before);
@@ -186,6 +188,7 @@ fn operator_config_and_edited_files_are_kept() {
     assert!(host.join("usr/bin/gpufence-runtime").exists());
     assert!(host.join("etc/gpufence/config.toml").exists());
     assert!(!host.join("usr/bin/gpufence").exists());
+    assert!(!host.join("usr/bin/gpufence-runtime-wrapper").exists());
     assert_eq!(
         std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap(),
         CONTAINERD
@@ -310,6 +313,7 @@ fn install_mode_nri_pre_registers_the_plugin_and_requires_it_and_uninstall_rever
     );
     // No runtime handler binary in this mode.
     assert!(!host.join("usr/bin/gpufence-runtime").exists());
+    assert!(!host.join("usr/bin/gpufence-runtime-wrapper").exists());
     // NRI on, the default validator requiring `gpufence`, pod-annotation escape closed.
     let drop_in =
         std::fs::read_to_string(host.join("etc/containerd/conf.d/gpufence-nri.toml")).unwrap();
@@ -396,6 +400,7 @@ fn install_mode_nri_on_crio_writes_its_drop_in_and_plugin_and_uninstall_reverses
     let text = std::fs::read_to_string(host.join("opt/crio-nri/90-gpufence")).unwrap();
     assert!(text.ends_with("exec /usr/bin/gpufence --config /etc/gpufence/config.toml nri\n"));
     assert!(!host.join("usr/bin/gpufence-runtime").exists());
+    assert!(!host.join("usr/bin/gpufence-runtime-wrapper").exists());
     // The drop-in: NRI on, the validator requiring theirs and gpufence, no escape hatch.
     let drop_in =
         std::fs::read_to_string(host.join("etc/crio/crio.conf.d/99-gpufence-nri.conf")).unwrap();

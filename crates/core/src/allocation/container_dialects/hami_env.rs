@@ -22,6 +22,74 @@ pub fn is_hami_key(k: &str) -> bool {
             .is_some_and(|r| r.starts_with('_'))
 }
 
+/// A memory limit as HAMi-core's `get_limit_from_env` reads it: bytes, or `k`/`m`/`g` ×1024ⁿ;
+/// empty is 0 (unset). A leading zero is refused: HAMi-core reads `010` as octal.
+fn memory_bytes(v: &str) -> Result<u64, String> {
+    if v.trim().is_empty() {
+        return Ok(0);
+    }
+    crate::quantity::parse_hami_bytes(v).map_err(|e| e.to_string())
+}
+
+/// An SM limit: a whole percentage; empty is 0 (unset).
+fn sm_percent(v: &str) -> Result<u64, String> {
+    let t = v.trim();
+    if t.is_empty() {
+        return Ok(0);
+    }
+    if t.len() > 9 || !t.bytes().all(|b| b.is_ascii_digit()) || (t.len() > 1 && t.starts_with('0'))
+    {
+        return Err("not a whole percentage".to_string());
+    }
+    t.parse().map_err(|_| "not a whole percentage".to_string())
+}
+
+/// Where a facet was read: (key, value).
+type Source = (String, String);
+
+/// Per device `i` of `n`, as HAMi-core's `do_init_device_memory_limits` /
+/// `do_init_device_sm_limits` read them: `<base>_<i>` where it is set and not 0, else the
+/// unindexed `<base>` (every device of the container), else 0 (none). With the first source
+/// read (key, value), `None` when neither is set for any device.
+fn per_device(
+    inputs: &Inputs,
+    base: &str,
+    n: usize,
+    parse: impl Fn(&str) -> Result<u64, String>,
+) -> Result<(Vec<u64>, Option<Source>), AllocationError> {
+    let read = |k: &str| -> Result<Option<(u64, String)>, AllocationError> {
+        match inputs.env_var(k)? {
+            None => Ok(None),
+            Some(v) => Ok(Some((
+                parse(v).map_err(|why| AllocationError::new(k, v, why))?,
+                v.to_string(),
+            ))),
+        }
+    };
+    let fallback = read(base)?;
+    let mut out = Vec::with_capacity(n);
+    let mut src: Option<Source> = None;
+    for i in 0..n {
+        let k = format!("{base}_{i}");
+        let (value, key, raw) = match read(&k)? {
+            Some((b, raw)) if b != 0 => (b, k, raw),
+            own => match &fallback {
+                Some((b, raw)) => (*b, base.to_string(), raw.clone()),
+                None => match own {
+                    Some((b, raw)) => (b, k, raw),
+                    None => {
+                        out.push(0);
+                        continue;
+                    }
+                },
+            },
+        };
+        src.get_or_insert((key, raw));
+        out.push(value);
+    }
+    Ok((out, src))
+}
+
 /// Most devices HAMi-core reads limits for.
 const HAMI_MAX_DEVICES: usize = 16;
 
@@ -87,63 +155,25 @@ pub fn hami(inputs: &Inputs, inv: &Inventory) -> Result<Part, AllocationError> {
             }
         }
     }
-    // Memory.
-    let fallback_mem = inputs.env_var(HAMI_MEMORY)?;
-    let mut memory = Vec::with_capacity(n);
-    let mut mem_src: Option<(String, String)> = None;
-    for i in 0..n {
-        let k = format!("{HAMI_MEMORY}_{i}");
-        let (key, v) = match inputs.env_var(&k)? {
-            Some(v) => (k, v),
-            None => match fallback_mem {
-                Some(v) => (HAMI_MEMORY.to_string(), v),
-                None => {
-                    memory.push(None);
-                    continue;
-                }
-            },
-        };
-        let b = crate::quantity::parse_hami_bytes(v)
-            .map_err(|e| AllocationError::new(&key, v, e.to_string()))?;
-        if mem_src.is_none() {
-            mem_src = Some((key.clone(), v.to_string()));
-        }
-        memory.push((b != 0).then_some(b));
-    }
+    let (memory, mem_src) = per_device(inputs, HAMI_MEMORY, n, memory_bytes)?;
     if let Some((k, v)) = mem_src {
-        part.memory = Some(Facet::new(memory, &k, &v));
+        part.memory = Some(Facet::new(
+            memory.iter().map(|b| (*b != 0).then_some(*b)).collect(),
+            &k,
+            &v,
+        ));
     }
-    // Cores.
-    let fallback_sm = inputs.env_var(HAMI_SM)?;
-    let mut cores = Vec::with_capacity(n);
-    let mut sm_src: Option<(String, String)> = None;
-    for i in 0..n {
-        let k = format!("{HAMI_SM}_{i}");
-        let (key, v) = match inputs.env_var(&k)? {
-            Some(v) => (k, v),
-            None => match fallback_sm {
-                Some(v) => (HAMI_SM.to_string(), v),
-                None => {
-                    cores.push(None);
-                    continue;
-                }
-            },
-        };
-        let t = v.trim();
-        if t.is_empty() || t.len() > 9 || !t.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(AllocationError::new(&key, v, "not a whole percentage"));
-        }
-        let c: u32 = t
-            .parse()
-            .map_err(|_| AllocationError::new(&key, v, "not a whole percentage"))?;
-        if sm_src.is_none() {
-            sm_src = Some((key.clone(), v.to_string()));
-        }
-        // 0 or ≥ 100 means no limit, as HAMi-core reads it.
-        cores.push(u8::try_from(c).ok().filter(|c| (1..100).contains(c)));
-    }
+    let (cores, sm_src) = per_device(inputs, HAMI_SM, n, sm_percent)?;
     if let Some((k, v)) = sm_src {
-        part.cores = Some(Facet::new(cores, &k, &v));
+        // 0 or ≥ 100 means no limit, as HAMi-core reads it.
+        part.cores = Some(Facet::new(
+            cores
+                .iter()
+                .map(|c| u8::try_from(*c).ok().filter(|c| (1..100).contains(c)))
+                .collect(),
+            &k,
+            &v,
+        ));
     }
     if let Some(v) = inputs.env_var(HAMI_OVERSUBSCRIBE)? {
         let b = match v.trim() {

@@ -8,6 +8,7 @@ mod cdi_annotations;
 mod gpufence_annotations;
 mod gpushare_env;
 mod hami_env;
+pub mod koordlet_env;
 mod nvidia_env;
 mod part;
 

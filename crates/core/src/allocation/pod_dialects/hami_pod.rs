@@ -13,12 +13,15 @@ use super::super::container_dialects::{Facet, Part};
 use super::super::devices::resolve_list;
 use super::super::input::Inputs;
 use super::super::{AllocationError, short};
+use super::hami_mig;
 use super::number::parse_uint;
 use crate::config::Dialect;
 use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
 
 pub const ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+/// Volcano vGPU's allocation, in HAMi's format.
+pub const VOLCANO_ALLOCATED: &str = "volcano.sh/vgpu-ids-new";
 /// Most containers (groups) and devices per container read.
 const MAX_GROUPS: usize = 64;
 const MAX_DEVICES: usize = 16;
@@ -143,32 +146,86 @@ fn select<'a>(
     }
 }
 
+/// HAMi's annotation for this container.
 pub fn read(
     inputs: &Inputs,
     inv: &Inventory,
     identity: Option<&PodIdentity>,
     record: Option<&ContainerRecord>,
 ) -> Result<Part, AllocationError> {
-    let mut part = Part::new(Dialect::Hami);
-    let Some(v) = inputs.annotations.get(ALLOCATED) else {
+    read_key(inputs, inv, identity, record, ALLOCATED, Dialect::Hami)
+}
+
+/// Volcano vGPU's `volcano.sh/vgpu-ids-new` for this container: HAMi's format under Volcano's
+/// prefix (its scheduler writes it; its device plugin, a fork of HAMi's, returns the same env).
+pub fn read_volcano(
+    inputs: &Inputs,
+    inv: &Inventory,
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+) -> Result<Part, AllocationError> {
+    read_key(
+        inputs,
+        inv,
+        identity,
+        record,
+        VOLCANO_ALLOCATED,
+        Dialect::Volcano,
+    )
+}
+
+/// The annotation `key` in HAMi's format, read for this container as `dialect`.
+fn read_key(
+    inputs: &Inputs,
+    inv: &Inventory,
+    identity: Option<&PodIdentity>,
+    record: Option<&ContainerRecord>,
+    key: &str,
+    dialect: Dialect,
+) -> Result<Part, AllocationError> {
+    let mut part = Part::new(dialect);
+    let Some(v) = inputs.annotations.get(key) else {
         return Ok(part);
     };
-    let err = |why: String| AllocationError::new(ALLOCATED, v, why);
-    let groups = parse(v).map_err(err)?;
-    let Some(group) = select(&groups, identity, record).map_err(err)? else {
-        return Ok(part);
+    let err = |why: String| AllocationError::new(key, v, why);
+    let mut groups = parse(v).map_err(err)?;
+    let mig = match dialect {
+        Dialect::Hami => apply_mig(&mut groups, inputs, inv, record)?,
+        _ => None,
     };
+    let chosen = select(&groups, identity, record);
+    // A MIG reservation of this container's group that names no MIG device here refuses it.
+    let unresolved = |i: Option<usize>| {
+        let m = mig.as_ref()?;
+        let why = match i {
+            Some(i) => m.unresolved.get(i)?.clone()?,
+            None => m.unresolved.iter().flatten().next()?.clone(),
+        };
+        Some(AllocationError::new(
+            hami_mig::MIG_ALLOCATIONS,
+            &m.value,
+            why,
+        ))
+    };
+    let group = match chosen {
+        Err(why) => return Err(unresolved(None).unwrap_or_else(|| err(why))),
+        Ok(None) => return Ok(part),
+        Ok(Some(g)) => g,
+    };
+    if let Some(e) = unresolved(groups.iter().position(|g| std::ptr::eq(g, group))) {
+        return Err(e);
+    }
     if group.is_empty() {
         return Ok(part);
     }
     let toks: Vec<&str> = group.iter().map(|d| d.uuid.as_str()).collect();
-    let devs = resolve_list(ALLOCATED, v, &toks, inv)?;
+    let devs = resolve_list(key, v, &toks, inv)?;
     part.memory = Some(Facet::new(
         group
             .iter()
             .map(|d| (d.memory_mib > 0).then(|| u64::from(d.memory_mib) << 20))
             .collect(),
-        ALLOCATED,
+        key,
         v,
     ));
     part.cores = Some(Facet::new(
@@ -176,11 +233,97 @@ pub fn read(
             .iter()
             .map(|d| u8::try_from(d.cores).ok().filter(|c| (1..100).contains(c)))
             .collect(),
-        ALLOCATED,
+        key,
         v,
     ));
-    part.devices = Some(Facet::new(devs, ALLOCATED, v));
+    // Devices a MIG reservation named are named by it, in a disagreement too.
+    let (dk, dv) = match &mig {
+        Some(m)
+            if devs
+                .iter()
+                .any(|r| matches!(r.device, crate::allocation::DeviceRef::Mig { .. })) =>
+        {
+            (hami_mig::MIG_ALLOCATIONS, m.value.as_str())
+        }
+        _ => (key, v.as_str()),
+    };
+    part.devices = Some(Facet::new(devs, dk, dv));
     Ok(part)
+}
+
+/// HAMi v2.10's MIG reservations, applied.
+struct MigApplied {
+    /// The annotation's value.
+    value: String,
+    /// Per group: why one of its reservations names no MIG device here (only this container's
+    /// group's matters: the others may name MIG devices its record does not).
+    unresolved: Vec<Option<String>>,
+}
+
+/// Apply `hami.io/vgpu-mig-allocations` to the groups: each reserved device (which names the
+/// parent GPU) becomes the MIG device its reservation names, with no memory or core limit of
+/// its own (the MIG device is the limit). A reservation of a device the groups do not have, or
+/// of another GPU than the one they name there, refuses the container.
+fn apply_mig(
+    groups: &mut [Vec<Device>],
+    inputs: &Inputs,
+    inv: &Inventory,
+    record: Option<&ContainerRecord>,
+) -> Result<Option<MigApplied>, AllocationError> {
+    let Some(v) = inputs.annotations.get(hami_mig::MIG_ALLOCATIONS) else {
+        return Ok(None);
+    };
+    let err = |why: String| AllocationError::new(hami_mig::MIG_ALLOCATIONS, v, why);
+    let reservations = hami_mig::parse(v).map_err(err)?;
+    let env = match record {
+        Some(r) => r.env().map_err(err)?,
+        None => Default::default(),
+    };
+    let recorded: Vec<&str> = env
+        .get(super::super::container_dialects::NVIDIA_VISIBLE_DEVICES)
+        .map(|(nvd, _)| nvd.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let mut unresolved: Vec<Option<String>> = vec![None; groups.len()];
+    for r in &reservations {
+        let Some(d) = groups
+            .get_mut(r.container)
+            .and_then(|g| g.get_mut(r.device))
+        else {
+            return Err(err(format!(
+                "reserves container {} device {}, which {ALLOCATED} does not have",
+                r.container, r.device
+            )));
+        };
+        if !d.uuid.eq_ignore_ascii_case(&r.gpu_uuid) {
+            return Err(err(format!(
+                "reserves {} for container {} device {}, where {ALLOCATED} names {}",
+                short(&r.gpu_uuid),
+                r.container,
+                r.device,
+                short(&d.uuid)
+            )));
+        }
+        match hami_mig::resolve(r, inv, &recorded) {
+            Ok(uuid) => {
+                d.uuid = uuid;
+                d.memory_mib = 0;
+                d.cores = 0;
+            }
+            Err(why) => {
+                unresolved[r.container].get_or_insert(format!(
+                    "container {} device {} ({} on {}): {why}",
+                    r.container,
+                    r.device,
+                    r.profile,
+                    short(&r.gpu_uuid)
+                ));
+            }
+        }
+    }
+    Ok(Some(MigApplied {
+        value: v.clone(),
+        unresolved,
+    }))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Scheduler pod annotations as dialects: HAMi's `hami.io/vgpu-devices-allocated`, the Aliyun
+//! Scheduler pod annotations as dialects: HAMi's `hami.io/vgpu-devices-allocated` (and
+//! Volcano's `volcano.sh/vgpu-ids-new` in the same format), the Aliyun
 //! gpushare extender's `ALIYUN_COM_GPU_MEM_*` and KAI's NvFractions
 //! `nvidia.com/container.<name>.*`. They reach `config.json` through the CRI runtime's pod
 //! annotation allow-list (`gpufence runtime configure` writes it), so they are trusted like
@@ -14,8 +15,10 @@ use crate::inventory::Inventory;
 use crate::kubelet::{ContainerRecord, PodIdentity};
 
 pub mod gpushare_pod;
+pub mod hami_mig;
 pub mod hami_pod;
 pub mod kai_pod;
+pub mod koordinator_pod;
 mod number;
 
 /// The parts of the enabled scheduler annotation dialects. `record` is kubelet's record of this
@@ -37,6 +40,14 @@ pub fn read(
     }
     if ac.enabled(Dialect::Gpushare) {
         parts.push(gpushare_pod::read(inputs, inv, config, record)?);
+    }
+    if ac.enabled(Dialect::Volcano) {
+        parts.push(hami_pod::read_volcano(
+            inputs,
+            inv,
+            identity.as_ref(),
+            record,
+        )?);
     }
     if ac.enabled(Dialect::Kai) {
         parts.push(kai_pod::read(inputs, inv, identity.as_ref())?);
