@@ -23,6 +23,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use gpufence_mock_node::timeline::{self, Me, Timeline};
 
 use crate::graphmem;
+use crate::hostwork::{self, Pending};
 
 use crate::driver::{
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
@@ -51,6 +52,8 @@ pub(crate) struct Stream {
     pub(crate) capture: Option<Vec<u64>>,
     /// bytes of the graph allocations made during the capture (graphmem.rs)
     pub(crate) capture_mem: u64,
+    /// host callbacks queued on it that its later work waits for (hostwork.rs)
+    pub(crate) host: crate::hostwork::Pending,
 }
 
 pub(crate) struct Exec {
@@ -162,6 +165,7 @@ pub(crate) fn with_stream<R>(
         tail: 0,
         capture: None,
         capture_mem: 0,
+        host: Default::default(),
     });
     f(e, stream)
 }
@@ -458,6 +462,7 @@ pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, _flags: c_uint) -> CUresu
                 tail: 0,
                 capture: None,
                 capture_mem: 0,
+                host: Default::default(),
             },
         );
         // SAFETY: the caller's out-pointer (put refuses NULL).
@@ -486,14 +491,16 @@ pub extern "C" fn cuStreamDestroy_v2(s: usize) -> CUresult {
     })
 }
 
-fn stream_tail(s: usize, ptsz: bool) -> Result<u64, CUresult> {
-    with_stream(s, ptsz, |_, st| Ok(st.tail))
+/// The stream's device timeline tail and the host callbacks queued on it.
+fn stream_tail(s: usize, ptsz: bool) -> Result<(u64, Pending), CUresult> {
+    with_stream(s, ptsz, |_, st| Ok((st.tail, st.host.clone())))
 }
 
 fn sync_stream(s: usize, ptsz: bool) -> CUresult {
     guard(|| match stream_tail(s, ptsz) {
-        Ok(t) => {
+        Ok((t, host)) => {
             timeline::sleep_until(t);
+            host.wait();
             crate::pools::synchronized();
             CUDA_SUCCESS
         }
@@ -503,7 +510,7 @@ fn sync_stream(s: usize, ptsz: bool) -> CUresult {
 
 fn query_stream(s: usize, ptsz: bool) -> CUresult {
     guard(|| match stream_tail(s, ptsz) {
-        Ok(t) if t > timeline::now_ns() => CUDA_ERROR_NOT_READY,
+        Ok((t, host)) if t > timeline::now_ns() || !host.ready() => CUDA_ERROR_NOT_READY,
         Ok(_) => CUDA_SUCCESS,
         Err(e) => e,
     })
@@ -540,13 +547,18 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
             Ok(d) => d,
             Err(r) => return r,
         };
+        let mut host = Pending::default();
         let t = lock(&e.streams)
             .values()
             .filter(|s| s.dev == dev)
-            .map(|s| s.tail)
+            .map(|s| {
+                host.join(&s.host);
+                s.tail
+            })
             .max()
             .unwrap_or(0);
         timeline::sleep_until(t);
+        host.wait();
         crate::pools::synchronized();
         CUDA_SUCCESS
     })
@@ -572,7 +584,10 @@ pub unsafe extern "C" fn cuEventCreate(ev: *mut usize, _flags: c_uint) -> CUresu
 fn destroy_event(ev: usize) -> CUresult {
     guard(|| match exec() {
         Ok(e) => match lock(&e.events).remove(&ev) {
-            Some(_) => CUDA_SUCCESS,
+            Some(_) => {
+                hostwork::event_destroyed(ev);
+                CUDA_SUCCESS
+            }
             None => CUDA_ERROR_INVALID_HANDLE,
         },
         Err(r) => r,
@@ -601,6 +616,7 @@ fn record(ev: usize, s: usize, ptsz: bool) -> CUresult {
             match lock(&e.events).get_mut(&ev) {
                 Some(slot) => {
                     *slot = Some(t);
+                    hostwork::recorded(ev, &st.host);
                     Ok(())
                 }
                 None => Err(CUDA_ERROR_INVALID_HANDLE),
@@ -631,7 +647,9 @@ pub(crate) fn event_time(ev: usize) -> Result<Option<u64>, CUresult> {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(ev: usize) -> CUresult {
     guard(|| match event_time(ev) {
-        Ok(Some(t)) if t > timeline::now_ns() => CUDA_ERROR_NOT_READY,
+        Ok(Some(t)) if t > timeline::now_ns() || !hostwork::of_event(ev).ready() => {
+            CUDA_ERROR_NOT_READY
+        }
         Ok(_) => CUDA_SUCCESS,
         Err(e) => e,
     })
@@ -642,6 +660,7 @@ pub extern "C" fn cuEventSynchronize(ev: usize) -> CUresult {
     guard(|| match event_time(ev) {
         Ok(t) => {
             timeline::sleep_until(t.unwrap_or(0));
+            hostwork::of_event(ev).wait();
             crate::pools::synchronized();
             CUDA_SUCCESS
         }

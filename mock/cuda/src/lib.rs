@@ -44,6 +44,7 @@ mod driver;
 mod functions;
 mod graphmem;
 mod graphnodes;
+mod hostwork;
 mod integrity;
 mod limits;
 mod memops;

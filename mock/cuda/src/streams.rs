@@ -2,13 +2,15 @@
 //! waits, host callbacks, stream properties, capture information.
 //!
 //! Host callbacks (`cuLaunchHostFunc`, `cuStreamAddCallback`) run on a thread of their own once
-//! the work queued before them on the stream has finished on the device timeline, as the real
-//! driver runs them on a driver thread.
+//! the work queued before them on the stream has finished on the device timeline, earlier host
+//! callbacks included, and the stream's later work waits for them (`hostwork.rs`), as the real
+//! driver runs them in stream order on a driver thread.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver::{CTX_BASE, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CUresult, guard, put, tri};
 use crate::exec::{self, with_stream};
+use crate::hostwork;
 
 /// The stream's device timeline tail and device (created on first use for default streams).
 fn stream_info(s: usize, ptsz: bool) -> Result<(u64, usize), CUresult> {
@@ -19,8 +21,10 @@ fn stream_info(s: usize, ptsz: bool) -> Result<(u64, usize), CUresult> {
 fn wait_event(s: usize, ptsz: bool, event: usize) -> CUresult {
     guard(|| {
         let t = tri!(exec::event_time(event)).unwrap_or(0);
+        let host = hostwork::of_event(event);
         let r = with_stream(s, ptsz, |_, st| {
             st.tail = st.tail.max(t);
+            st.host.join(&host);
             Ok(())
         });
         r.err().unwrap_or(CUDA_SUCCESS)
@@ -49,19 +53,24 @@ pub extern "C" fn cuEventRecordWithFlags_ptsz(event: usize, s: usize, _flags: c_
 
 struct Callback(Box<dyn FnOnce() + Send>);
 
+/// Queue host work on the stream: it runs after the stream's earlier work, host callbacks
+/// included, and the stream's later work waits for it (`hostwork.rs`).
 fn after_stream(s: usize, ptsz: bool, f: Callback) -> CUresult {
     guard(|| {
-        let (tail, _) = tri!(stream_info(s, ptsz));
-        let spawned = std::thread::Builder::new()
-            .name("mock-cuda-callback".into())
-            .spawn(move || {
-                gpufence_mock_node::timeline::sleep_until(tail);
-                (f.0)();
-            });
-        match spawned {
-            Ok(_) => CUDA_SUCCESS,
-            Err(_) => crate::driver::CUDA_ERROR_UNKNOWN,
-        }
+        let r = with_stream(s, ptsz, |_, st| {
+            let before = std::mem::take(&mut st.host);
+            match hostwork::spawn_after(before.clone(), st.tail, f.0) {
+                Ok(mine) => {
+                    st.host = mine;
+                    Ok(())
+                }
+                Err(_) => {
+                    st.host = before;
+                    Err(crate::driver::CUDA_ERROR_UNKNOWN)
+                }
+            }
+        });
+        r.err().unwrap_or(CUDA_SUCCESS)
     })
 }
 
