@@ -583,7 +583,7 @@ fn the_nri_tolerate_annotation_is_reserved_to_gpufences_namespace() {
 #[test]
 fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation() {
     // Literal `&str` constants in src/allocation that are not pod annotation keys, and why.
-    const NOT_POD_ANNOTATIONS: [(&str, &str); 21] = [
+    const NOT_POD_ANNOTATIONS: [(&str, &str); 23] = [
         ("NVIDIA_VISIBLE_DEVICES", "env (allocation.trust-env)"),
         ("NVIDIA_DRIVER_CAPABILITIES", "env"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "HAMi env"),
@@ -617,6 +617,11 @@ fn every_key_constant_of_src_allocation_is_covered_or_named_as_no_pod_annotation
         ("koordinator.sh/gpu-memory", "a resource name"),
         ("koordinator.sh/gpu-memory-ratio", "a resource name"),
         ("gpu", "a device type inside Koordinator's annotation"),
+        (
+            "koordinator.sh/gpu-isolation-provider",
+            "a pod label, read only to word the HAMi-core refusal; it grants nothing",
+        ),
+        ("HAMi-core", "that label's value"),
     ];
     let p = policy();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src/allocation");

@@ -69,9 +69,12 @@ fn decided(granted: bool) -> Decided {
         ..Default::default()
     };
     Decided {
-        env: [("NVIDIA_VISIBLE_DEVICES".to_string(), gpufence::sim::gpu_uuid(1))]
-            .into_iter()
-            .collect(),
+        env: [(
+            "NVIDIA_VISIBLE_DEVICES".to_string(),
+            gpufence::sim::gpu_uuid(1),
+        )]
+        .into_iter()
+        .collect(),
         devices: vec![gpufence::sim::gpu_uuid(1)],
         answer,
         allocation: None,
@@ -96,7 +99,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(!e.to_string().contains('\n'), "{e}");
     }
     // Another plugin's GPU node on top: always refused.
-    let id = req.container.as_ref().map(|c| c.id.clone()).unwrap_or_default();
+    let id = req
+        .container
+        .as_ref()
+        .map(|c| c.id.clone())
+        .unwrap_or_default();
     req.adjust
         .get_or_insert_with(Default::default)
         .linux

@@ -380,6 +380,19 @@ fn set(text: &mut String, from: &str, to: &str) {
     *text = text.replace(from, to);
 }
 
+/// Replaces the one line of containerd's default config that starts (indentation aside) with
+/// `start`, whatever it names (the sandbox image's registry is containerd's default, not ours).
+fn set_line(text: &mut String, start: &str, to: &str) {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with(start))
+        .collect();
+    assert_eq!(lines.len(), 1, "containerd config default: {start:?}");
+    let line = lines[0].to_string();
+    let indent = &line[..line.len() - line.trim_start().len()];
+    *text = text.replace(&line, &format!("{indent}{to}"));
+}
+
 /// A scratch directory with a short path (`/tmp/gpufence-tests/s-<pid>-<n>`, swept like the
 /// others) for containerd's shim sockets, linked from `dir/shim-sockets`.
 fn short_dir(dir: &Path) -> PathBuf {
@@ -468,11 +481,7 @@ pub fn containerd_config(bin: &Path, dir: &Path, required: &[&str]) -> PathBuf {
         "socket_dir = ''",
         &format!("socket_dir = '{}'", shim_dir.display()),
     );
-    set(
-        &mut t,
-        "sandbox = 'registry.k8s.io/pause:3.10.2'",
-        "sandbox = 'localhost/pause:test'",
-    );
+    set_line(&mut t, "sandbox = '", "sandbox = 'localhost/pause:test'");
     set(
         &mut t,
         "snapshotter = 'overlayfs'",
