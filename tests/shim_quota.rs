@@ -64,6 +64,7 @@ fn one_process_is_held_to_its_quota_exactly_on_every_path() {
                     | "cuIpcOpenMemHandle_v2"
                     | "cuIpcCloseMemHandle"
                     | "cuMemExportToShareableHandle"
+                    | "cuLaunchHostFunc"
             );
             if wrapped {
                 assert_eq!(f[2], "libgpufence.so", "{mode}: {l}");
@@ -594,6 +595,21 @@ fn stream_ordered_memory_follows_the_current_pool() {
             );
         },
     );
+}
+
+/// Issue 33, found under JAX: host functions run in stream order and a synchronization waits for
+/// them, through the shim on every path to the driver (XLA finishes a device-to-host transfer in
+/// one host function and signals it from the next; the simulated driver ran each on a thread of
+/// its own, unordered, and handed the array over before it was written).
+#[test]
+fn host_functions_run_in_stream_order_and_synchronize_waits_for_them() {
+    on_every_path_with_100_mib("shim-hostorder", "hostorder hostorder", |mode, out| {
+        assert_eq!(
+            lines(out, "hostorder"),
+            ["hostorder 1 2", "hostorder 1 2"],
+            "{mode}: {out}"
+        );
+    });
 }
 
 /// Run the client with `args` (words; `NNM`: NN MiB) on every path to the driver, each under its own
