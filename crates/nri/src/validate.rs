@@ -337,7 +337,7 @@ fn env_entry(
         if planned == Some(value) {
             return Ok(());
         }
-        if value.contains("libvgpu.so") {
+        if crate::allocation::koordinator::without_hami_core(value).is_some() {
             return Err(Refusal::Replaced {
                 by: by(),
                 what: format!("{} (HAMi-core)", what()),

@@ -180,11 +180,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     ctx: *mut usize,
     green: *mut usize,
 ) -> CUresult {
-    if !green.is_null() {
-        // SAFETY: the caller's non-null out-slot.
-        unsafe { *green = 0 };
-    }
-    stream_out(s, false, ctx, |d| CTX_BASE + d)
+    stream_ctx_v2(s, false, ctx, green)
 }
 
 #[unsafe(no_mangle)]
@@ -193,11 +189,15 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
     ctx: *mut usize,
     green: *mut usize,
 ) -> CUresult {
+    stream_ctx_v2(s, true, ctx, green)
+}
+
+fn stream_ctx_v2(s: usize, ptsz: bool, ctx: *mut usize, green: *mut usize) -> CUresult {
     if !green.is_null() {
         // SAFETY: the caller's non-null out-slot.
         unsafe { *green = 0 };
     }
-    stream_out(s, true, ctx, |d| CTX_BASE + d)
+    stream_out(s, ptsz, ctx, |d| CTX_BASE + d)
 }
 
 #[unsafe(no_mangle)]
