@@ -9,12 +9,14 @@ use std::collections::BTreeSet;
 
 use crate::config::Config;
 use crate::exit::Reason;
+use crate::inventory::Inventory;
 pub use gpufence_nri_stub::{Gone, Handler, Runtime};
 
 /// The handler `gpufence nri` runs, from gpufence's configuration. The inventory cache is
 /// warmed here (NVML is initialised, if at all, at start — not on a container's create path).
 pub fn from_config(cfg: Config) -> PlanHandler {
-    match crate::inventory::load(&cfg) {
+    let inventory = crate::inventory::Memo::default();
+    match inventory.load(&cfg) {
         Ok(inv) => {
             tracing::info!(gpus = inv.gpus.len(), driver = %inv.driver_version, "NRI: inventory ready")
         }
@@ -24,7 +26,8 @@ pub fn from_config(cfg: Config) -> PlanHandler {
     }
     PlanHandler {
         cfg,
-        load_inventory: |cfg| crate::inventory::load(cfg).map_err(|e| e.to_string()),
+        load_inventory: None,
+        inventory,
         majors: std::sync::RwLock::new(None),
         decisions: Decisions::default(),
         validate: true,
@@ -37,11 +40,12 @@ pub fn from_config(cfg: Config) -> PlanHandler {
 pub const MAX_PENDING_VALIDATIONS: usize = 256;
 
 /// What gpufence decided for each container, from CreateContainer to its validation (kept only
-/// where the runtime validates).
+/// where the runtime validates), with the inventory it decided on: the validation judges what
+/// other plugins added against the node as the decision saw it, without loading it again.
 #[derive(Debug, Default)]
 pub struct Decisions {
     validating: std::sync::atomic::AtomicBool,
-    pending: std::sync::Mutex<std::collections::VecDeque<(String, Decided)>>,
+    pending: std::sync::Mutex<std::collections::VecDeque<(String, Decided, Option<Inventory>)>>,
 }
 
 impl Decisions {
@@ -49,22 +53,22 @@ impl Decisions {
         self.validating.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn keep(&self, id: &str, d: Decided) {
+    fn keep(&self, id: &str, d: Decided, inventory: Option<Inventory>) {
         if !self.validating() {
             return;
         }
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.retain(|(i, _)| i != id);
+        p.retain(|(i, _, _)| i != id);
         if p.len() >= MAX_PENDING_VALIDATIONS {
             p.pop_front();
         }
-        p.push_back((id.to_string(), d));
+        p.push_back((id.to_string(), d, inventory));
     }
 
-    fn take(&self, id: &str) -> Option<Decided> {
+    fn take(&self, id: &str) -> Option<(Decided, Option<Inventory>)> {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let i = p.iter().position(|(c, _)| c == id)?;
-        p.remove(i).map(|(_, d)| d)
+        let i = p.iter().position(|(c, _, _)| c == id)?;
+        p.remove(i).map(|(_, d, inv)| (d, inv))
     }
 }
 
@@ -73,15 +77,18 @@ impl Decisions {
 pub const NRI_MARKER: &str = "nri-decided";
 
 /// How the handler reads the node's inventory.
-pub type InventoryLoader = fn(&Config) -> Result<crate::inventory::Inventory, String>;
+pub type InventoryLoader = fn(&Config) -> Result<Inventory, String>;
 
 /// The plan's front door ([`crate::plan::intake`]) for each container, rendered as the
 /// adjustment ([`super::adjust`]).
 #[derive(Debug)]
 pub struct PlanHandler {
     cfg: Config,
-    /// The cache under `state-dir`, as the runtime reads it (warmed at start).
-    load_inventory: InventoryLoader,
+    /// Another source of the inventory than the cache (tests).
+    load_inventory: Option<InventoryLoader>,
+    /// The cache under `state-dir`, as the runtime reads it (warmed at start), its parse kept
+    /// while the node and the file are unchanged.
+    inventory: crate::inventory::Memo,
     /// The GPU-class majors the after-the-fact fence looks for (read again at each Synchronize).
     majors: std::sync::RwLock<Option<Vec<u32>>>,
     /// Decisions awaiting the runtime's validation.
@@ -101,14 +108,23 @@ impl PlanHandler {
         self
     }
 
+    /// The node's inventory ([`from_config`]: the cache's).
+    fn inventory(&self) -> Result<Inventory, String> {
+        match self.load_inventory {
+            Some(load) => load(&self.cfg),
+            None => self.inventory.load(&self.cfg).map_err(|e| e.to_string()),
+        }
+    }
+
     /// The decision for one container: the request from NRI's message, the plan, its
     /// adjustment, and (when the plan grants anything) its host files and status record —
-    /// written before the answer, so the container never starts without its quota.
+    /// written before the answer, so the container never starts without its quota. With it,
+    /// the inventory it was made on.
     fn decide(
         &self,
         pod: &PodSandbox,
         ctr: &Container,
-    ) -> Result<(ContainerAdjustment, Decided), Refusal> {
+    ) -> Result<(ContainerAdjustment, Decided, Option<Inventory>), Refusal> {
         let id = ctr.id.as_str();
         if !crate::text::valid_container_id(id) {
             let short = crate::text::short(id);
@@ -123,13 +139,13 @@ impl PlanHandler {
             &self.cfg,
             request,
             id,
-            self.load_inventory,
+            |_: &Config| self.inventory(),
             &crate::plan::intake::CdiSource::of(&self.cfg),
             None,
         )
         .map_err(|e| (e.reason(), e.to_string()))?;
         if intake.sandbox.is_some() {
-            return Ok(Default::default());
+            return Ok((Default::default(), Default::default(), None));
         }
         crate::driverfolders::settle_intake(
             &self.cfg,
@@ -153,7 +169,10 @@ impl PlanHandler {
             allocation: plan.allocation.clone(),
             ..Default::default()
         };
-        let facts = self.node_facts(Some(intake.inventory.clone()));
+        let facts = self.node_facts(Some(std::mem::replace(
+            &mut intake.inventory,
+            Inventory::empty(),
+        )));
         // A variable the container has once as planned is left to whoever set it.
         let agrees = |k: &str, planned: &str, present: &str| {
             use crate::allocation::container_dialects::{
@@ -199,7 +218,7 @@ impl PlanHandler {
                 )
             })?;
         }
-        Ok((adjustment, decided))
+        Ok((adjustment, decided, facts.inventory))
     }
 
     /// The verdict on the merged adjustment of container `req.container` (see
@@ -210,9 +229,8 @@ impl PlanHandler {
             req.container.as_ref().map_or("", |c| c.id.as_str()),
             req.pod.clone().unwrap_or_default(),
         );
-        let decided = self.decisions.take(id);
-        let inventory = (self.load_inventory)(&self.cfg).ok();
-        let facts = self.node_facts(inventory);
+        let (decided, inventory) = self.decisions.take(id).unzip();
+        let facts = self.node_facts(inventory.flatten());
         let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
         let validation_us = t.elapsed().as_micros() as u64;
         match verdict {
@@ -252,7 +270,8 @@ impl PlanHandler {
             return m;
         }
         let proc_devices = std::fs::read_to_string("/proc/devices").unwrap_or_default();
-        let inventory = (self.load_inventory)(&self.cfg)
+        let inventory = self
+            .inventory()
             .map(|i| i.device_majors())
             .unwrap_or_default();
         let m = crate::cgroup::gated_majors(&proc_devices, inventory);
@@ -281,7 +300,8 @@ impl PlanHandler {
         })?;
         let meta = crate::state::meta::Meta::parse(&bytes)
             .map_err(|e| format!("gpufence record {}: {e}", path.display()))?;
-        let inv = (self.load_inventory)(&self.cfg)
+        let inv = self
+            .inventory()
             .map_err(|e| format!("its record cannot be checked, inventory unavailable: {e}"))?;
         let mut set: BTreeSet<(u32, u32)> = inv
             .control_nodes
@@ -363,8 +383,8 @@ impl Handler for PlanHandler {
     ) -> Result<ContainerAdjustment, String> {
         let t = std::time::Instant::now();
         match self.decide(pod, ctr) {
-            Ok((adjustment, decided)) => {
-                self.decisions.keep(&ctr.id, decided);
+            Ok((adjustment, decided, inventory)) => {
+                self.decisions.keep(&ctr.id, decided, inventory);
                 let decision_us = t.elapsed().as_micros() as u64;
                 let untouched = adjustment == ContainerAdjustment::default();
                 tracing::info!(
@@ -551,7 +571,8 @@ mod tests {
     fn handler(dir: &std::path::Path, load_inventory: InventoryLoader) -> PlanHandler {
         PlanHandler {
             cfg: cfg(dir),
-            load_inventory,
+            load_inventory: Some(load_inventory),
+            inventory: Default::default(),
             majors: std::sync::RwLock::new(None),
             decisions: Decisions::default(),
             validate: true,
@@ -718,9 +739,16 @@ mod tests {
         h.validation_offered(true);
         let p = pod(&[("gpufence.dev/devices", "0")]);
         h.create_container(&p, &ctr(&[], &[])).unwrap();
-        let decided = h.decisions.take("c1").unwrap();
+        let (decided, inventory) = h.decisions.take("c1").unwrap();
         assert_eq!(decided.devices, ["GPU-a"]);
-        let mut facts = NodeFacts::new(&h.cfg, vec![195], one_gpu(&h.cfg).ok());
+        // Kept with the inventory the decision was made on, live device numbers included.
+        let inventory = inventory.unwrap();
+        assert_eq!(inventory.gpus[0].uuid, "GPU-a");
+        assert_eq!(
+            (inventory.gpus[0].node.major, inventory.gpus[0].node.minor),
+            (1, 3)
+        );
+        let mut facts = NodeFacts::new(&h.cfg, vec![195], Some(inventory));
         assert_eq!(facts.env_agrees("K", "minor-0", &decided), None);
         facts.dialects.push(|alloc, inv, key, value| {
             key == "K"
@@ -731,6 +759,43 @@ mod tests {
         assert_eq!(facts.env_agrees("K", "minor-1", &decided), None);
         let no_gpu = Decided::default();
         assert_eq!(facts.env_agrees("K", "minor-0", &no_gpu), None);
+    }
+
+    static LOADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn one_gpu_counted(cfg: &Config) -> Result<Inventory, String> {
+        LOADS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        one_gpu(cfg)
+    }
+
+    #[test]
+    fn a_validation_judges_on_the_decisions_inventory_without_loading_it_again() {
+        use crate::api::Field;
+        use crate::validate::tests::with_env;
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), one_gpu_counted);
+        h.validation_offered(true);
+        let p = pod(&[("gpufence.dev/devices", "0")]);
+        // Another plugin names GPU 0 by its index, then by its UUID: whichever is not gpufence's
+        // own value resolves through the inventory the decision kept.
+        for (id, value) in [("c1", "0"), ("c2", "GPU-a")] {
+            let env = format!("NVIDIA_VISIBLE_DEVICES={value}");
+            let c = Container {
+                id: id.into(),
+                ..ctr(&[], &[env.as_str()])
+            };
+            let adj = h.create_container(&p, &c).unwrap();
+            let loads = LOADS.load(std::sync::atomic::Ordering::SeqCst);
+            let other = with_env(&[("NVIDIA_VISIBLE_DEVICES", value)]);
+            let owned = [(Field::Env, "NVIDIA_VISIBLE_DEVICES", "00-koordlet")];
+            let req = validation(id, &adj, other, &owned);
+            h.validate_adjustment(&req, "90-gpufence").unwrap();
+            assert_eq!(
+                LOADS.load(std::sync::atomic::Ordering::SeqCst),
+                loads,
+                "{id}"
+            );
+        }
     }
 
     /// One GPU (index 0) whose device minor is 3: koordlet's `NVIDIA_VISIBLE_DEVICES=3` names it,

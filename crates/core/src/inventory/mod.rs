@@ -14,7 +14,7 @@ mod gpus;
 pub mod limits;
 pub mod types;
 
-pub use cache::{CACHE_FILE, CacheKey, cache_key};
+pub use cache::{CACHE_FILE, CacheKey, Memo, cache_key};
 pub use error::InventoryError;
 pub use types::{Capability, DeviceNode, DriverFile, FileKind, Gpu, Inventory, MigDevice};
 
@@ -39,8 +39,13 @@ pub fn load(cfg: &Config) -> Result<Inventory, InventoryError> {
         tracing::debug!(cache = %cache::path(cfg).display(), "inventory from cache");
         return Ok(inv);
     }
+    scan_and_cache(cfg, &key)
+}
+
+/// A fresh [`scan`], written back to the cache under `key`.
+fn scan_and_cache(cfg: &Config, key: &CacheKey) -> Result<Inventory, InventoryError> {
     let inv = scan(cfg)?;
-    match cache::write(cfg, &key, &inv) {
+    match cache::write(cfg, key, &inv) {
         Ok(()) => tracing::info!(
             cache = %cache::path(cfg).display(),
             gpus = inv.gpus.len(),
