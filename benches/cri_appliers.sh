@@ -8,6 +8,8 @@
 #   nri       the plain runc handler on a second containerd with `gpufence nri` connected,
 #             1 GPU with a 1Gi quota
 #   nri-nogpu the same containerd with the plugin, no GPU (the plugin's round trip alone)
+#   nri (no validation)  a third containerd with `gpufence nri --no-validation`, 1 GPU, 1Gi: the
+#             same pod without the ValidateContainerAdjustment round trip (validation's share)
 #   handler/nri (DRA CDI device)  GPU 1 as a CDI device containerd resolves from a per-claim spec
 #             (CRI CDIDevices, as kubelet passes a DRA claim's ids), 1Gi: a device-borne grant
 #   handler (no GPU)  the `gpufence` handler for a pod without a GPU (its pass-through calls and
@@ -20,7 +22,7 @@
 # Then, in the same run, the pass-through call (`list`: what start, state, kill cost the
 # handler) interleaved three ways: runc, a static C program that only execve()s runc (the
 # floor of any wrapper, built here), and gpufence-runtime.
-# Two containerds because a connected plugin sees every container of its runtime. Then the
+# Three containerds because a connected plugin sees every container of its runtime. Then the
 # create path alone: `gpufence nri`'s decision (CreateContainer → adjustment) from the plugin's
 # log, and whether any gpufence process runs per container (the ld-cache hook, with
 # runtime.driver-layout = "files" only).
@@ -105,14 +107,17 @@ start() {
   for _ in $(seq 100); do "$E/ctr" --address "$d/containerd.sock" version >/dev/null 2>&1 && return; sleep 0.2; done
   cat "$d/log" >&2; exit 1
 }
-A=$S/cA B=$S/cB
-config "$A"; config "$B"
+A=$S/cA B=$S/cB C=$S/cC
+config "$A"; config "$B"; config "$C"
 "$BIN_DIR/gpufence" runtime configure --runtime containerd --config "$A/config.toml" >/dev/null
-start "$A"; start "$B"
+start "$A"; start "$B"; start "$C"
 "$BIN_DIR/gpufence" nri --socket "$B/nri.sock" >"$S/nri.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 150); do grep -q 'NRI: registered' "$S/gpufence.log" 2>/dev/null && break; sleep 0.2; done
-grep -q 'NRI: registered' "$S/gpufence.log" || { echo "appliers bench: gpufence nri did not register" >&2; cat "$S/nri.log" >&2; exit 1; }
+"$BIN_DIR/gpufence" nri --no-validation --socket "$C/nri.sock" >"$S/nri-novalidation.log" 2>&1 &
+PIDS+=($!)
+registered() { grep -c 'NRI: registered' "$S/gpufence.log" 2>/dev/null || true; }
+for _ in $(seq 150); do [ "$(registered)" -ge 2 ] && break; sleep 0.2; done
+[ "$(registered)" -ge 2 ] || { echo "appliers bench: gpufence nri did not register" >&2; cat "$S/nri.log" "$S/nri-novalidation.log" >&2; exit 1; }
 
 # Image: static busybox as localhost/pause:test (also the sandbox image), in both.
 L=$S/img UB=$S/img-bundle
@@ -123,7 +128,7 @@ for c in sh sleep true; do ln -sf busybox "$UB/rootfs/bin/$c"; done
 umoci repack --image "$L:test" "$UB" >/dev/null
 umoci config --image "$L:test" --config.entrypoint /bin/sleep --config.cmd 2147483647 --config.env PATH=/bin >/dev/null
 tar -C "$L" -cf "$S/pause.tar" .
-for d in "$A" "$B"; do
+for d in "$A" "$B" "$C"; do
   "$E/ctr" --address "$d/containerd.sock" -n k8s.io images import --local --base-name localhost/pause --snapshotter native "$S/pause.tar" >/dev/null
 done
 
@@ -133,6 +138,7 @@ CDI_ONLY="{\"cdi_devices\": [\"$CDI_KIND=1\"]}"
 echo "appliers bench: pod start through containerd $("$E/containerd" --version | awk '{print $3}') + $("$E/runc" --version | head -1), $RUNS interleaved pods per arm ($BIN_DIR)"
 "$PY" benches/cri/pod_timer.py "$A/containerd.sock" "$RUNS" localhost/pause:test \
   "runc (no GPU):runc" "handler (1 GPU):gpufence=$GPU" "nri (1 GPU):runc@$B/containerd.sock=$GPU" \
+  "nri (1 GPU, no validation):runc@$C/containerd.sock=$GPU" \
   "nri (no GPU):runc@$B/containerd.sock" "handler (DRA CDI device):gpufence=$DRA" \
   "nri (DRA CDI device):runc@$B/containerd.sock=$DRA" "handler (no GPU):gpufence" \
   "cdi only (gpufence's CDI spec, no gpufence):runc=$CDI_ONLY"
@@ -189,6 +195,7 @@ if not rows:
 PY
 echo "create path alone (gpufence nri's decision per container, from gpufence's log):"
 grep -o 'decided in [0-9.]* ms' "$S/gpufence.log" | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  median %.2f ms over %d decisions\n", a[int((NR+1)/2)], NR; else print "  (no timing lines in the plugin log)"}'
+grep 'merged adjustment validated' "$S/gpufence.log" | grep -o 'validation_us=[0-9]*' | cut -d= -f2 | sort -n | awk '{a[NR]=$1} END {if (NR) printf "  its validation of the merged adjustment: median %d us over %d validations\n", a[int((NR+1)/2)], NR}'
 updated=$(grep -c 'ld cache updated' "$S/gpufence.log" || true)
 inproc=$(grep -c 'ld cache refreshed before runc' "$S/gpufence.log" || true)
 nri_gpu=$(grep -c 'NRI: adjustment decided' "$S/gpufence.log" || true)

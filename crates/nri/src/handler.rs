@@ -225,25 +225,26 @@ impl PlanHandler {
     /// [`super::validate`]), counted and logged as a refusal when it is one.
     fn validate(&self, req: &ValidateContainerAdjustmentRequest, me: &str) -> Result<(), String> {
         let t = std::time::Instant::now();
-        let (id, pod) = (
-            req.container.as_ref().map_or("", |c| c.id.as_str()),
-            req.pod.clone().unwrap_or_default(),
-        );
+        let id = req.container.as_ref().map_or("", |c| c.id.as_str());
+        let (pod, namespace) = req
+            .pod
+            .as_ref()
+            .map_or(("", ""), |p| (p.name.as_str(), p.namespace.as_str()));
         let (decided, inventory) = self.decisions.take(id).unzip();
         let facts = self.node_facts(inventory.flatten());
         let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
         let validation_us = t.elapsed().as_micros() as u64;
         match verdict {
             Ok(()) => {
-                tracing::info!(container = %id, pod = %pod.name, namespace = %pod.namespace,
-                    validation_us, "NRI: merged adjustment validated");
+                tracing::info!(container = %id, pod = %pod, namespace = %namespace, validation_us,
+                    "NRI: merged adjustment validated");
                 Ok(())
             }
             Err(r) => {
                 crate::state::refusals::count(&self.cfg.state_dir, Reason::Spec);
                 let line = format!("container {}: gpufence nri: {r}", crate::text::short(id));
-                tracing::error!(container = %id, pod = %pod.name, namespace = %pod.namespace,
-                    validation_us, error = %line, "NRI: merged adjustment refused");
+                tracing::error!(container = %id, pod = %pod, namespace = %namespace, validation_us, error = %line,
+                    "NRI: merged adjustment refused");
                 Err(line)
             }
         }

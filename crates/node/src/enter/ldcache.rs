@@ -176,7 +176,9 @@ fn temp_name(name: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    format!(".{name}.gpufence-{}-{nanos}", std::process::id())
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let pid = PID.get_or_init(std::process::id);
+    format!(".{name}.gpufence-{pid}-{nanos}")
 }
 
 /// Replace `name` in directory `dir` with `contents`, never following a symlink and never
@@ -206,9 +208,33 @@ fn replace_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno>
     res
 }
 
+/// Write `name` in directory `dir` with `contents`: created with `O_CREAT|O_EXCL|O_NOFOLLOW`
+/// where nothing is there (one file, no rename: the container has not started, nobody reads it
+/// half-written), else replaced as [`replace_file`] does — never opening what the image has there.
+fn write_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
+    let fd = match nix::fcntl::openat(
+        dir.as_fd(),
+        name,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::EEXIST) => return replace_file(dir, name, contents),
+        Err(e) => return Err(e),
+    };
+    let written = std::fs::File::from(fd)
+        .write_all(contents)
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(dir.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    written
+}
+
 /// What an `O_PATH` open found.
 enum Found {
-    Regular(std::fs::File),
+    /// Opened for reading, with its size as the `O_PATH` handle's `fstat` saw it.
+    Regular(std::fs::File, u64),
     Missing,
     /// Something else (device node, FIFO, socket, directory): never opened.
     Other(SFlag),
@@ -232,7 +258,10 @@ fn open_regular(dir: &OwnedFd, rel: &Path, how: OpenHow) -> Result<Found, Errno>
         OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
         Mode::empty(),
     )?;
-    Ok(Found::Regular(std::fs::File::from(f)))
+    Ok(Found::Regular(
+        std::fs::File::from(f),
+        u64::try_from(st.st_size).unwrap_or(0),
+    ))
 }
 
 /// glibc's `_dl_is_dso`: `lib*.so*`, `ld-*.so*`, `ld.so.*`, `ld64.so.*`.
@@ -274,7 +303,7 @@ fn scan(dir: &OwnedFd, folder: &str) -> Result<Vec<Library>, Errno> {
         {
             continue;
         }
-        let Found::Regular(f) = open_regular(dir, Path::new(name), beneath)? else {
+        let Found::Regular(f, _) = open_regular(dir, Path::new(name), beneath)? else {
             continue;
         };
         let Some(dso) = crate::ldso::elf::inspect_file(&f) else {
@@ -330,16 +359,14 @@ fn soname_link(dir: &OwnedFd, soname: &str, file: &str) -> Result<bool, Errno> {
 /// The image's cache: parsed, or why it is not used (then it is replaced).
 fn read_image_cache(root: &OwnedFd) -> Result<(Option<Cache>, String), Errno> {
     let how = in_root(OFlag::O_PATH);
-    let f = match open_regular(root, Path::new("etc/ld.so.cache"), how)? {
+    let (f, size) = match open_regular(root, Path::new("etc/ld.so.cache"), how)? {
         Found::Missing => return Ok((None, "absent".into())),
         Found::Other(k) => return Ok((None, format!("not a regular file ({k:?}): replaced"))),
-        Found::Regular(f) => f,
+        Found::Regular(f, size) => (f, size),
     };
-    // Sized from the file (one read instead of a doubling series), never past the cap.
-    let hint = f.metadata().map_or(0, |m| m.len().min(MAX_CACHE_BYTES) + 1);
-    let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
-    (&f).take(MAX_CACHE_BYTES + 1)
-        .read_to_end(&mut bytes)
+    // Sized from the handle's `fstat` (one `read` for the whole file instead of a doubling
+    // series), never past the cap.
+    let bytes = read_capped(&f, size)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
     if bytes.len() as u64 > MAX_CACHE_BYTES {
         return Ok((None, format!("over {MAX_CACHE_BYTES} bytes: replaced")));
@@ -351,6 +378,25 @@ fn read_image_cache(root: &OwnedFd) -> Result<(Option<Cache>, String), Errno> {
         }
         Err(e) => Ok((None, format!("malformed ({e}): replaced"))),
     }
+}
+
+/// `f` to its end or past [`MAX_CACHE_BYTES`]: one `read` of `size + 1` bytes, where `size` is
+/// what its `fstat` said; only a file that read otherwise (it changed meanwhile) is read on.
+fn read_capped(mut f: &std::fs::File, size: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0; usize::try_from(size.min(MAX_CACHE_BYTES) + 1).unwrap_or(0)];
+    let n = loop {
+        match f.read(&mut bytes) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    bytes.truncate(n);
+    if n as u64 != size {
+        f.take((MAX_CACHE_BYTES + 1).saturating_sub(n as u64))
+            .read_to_end(&mut bytes)?;
+    }
+    Ok(bytes)
 }
 
 fn exists_in_root(root: &OwnedFd, rel: &str) -> bool {
@@ -460,10 +506,10 @@ pub fn update(
         conf.push_str(f);
         conf.push('\n');
     }
-    replace_file(&confd, "00-gpufence.conf", conf.as_bytes())
+    write_file(&confd, "00-gpufence.conf", conf.as_bytes())
         .map_err(rerr("/etc/ld.so.conf.d/00-gpufence.conf"))?;
     if !exists_in_root(&root, "etc/ld.so.conf") {
-        replace_file(&etc, "ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
+        write_file(&etc, "ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
             .map_err(rerr("/etc/ld.so.conf"))?;
     }
 
@@ -485,17 +531,17 @@ pub fn update(
     // ldconfig adds a command-line folder's libraries in reverse directory order; any order
     // gives the same cache as long as sonames differ, which they do within a folder.
     let mut ids = std::collections::HashMap::new();
+    let dir_ids: Vec<Option<(u64, u64)>> = dirs.iter().map(dir_id).collect();
     for l in &libs {
-        let Some(d) = folders
+        let Some((d, &here)) = folders
             .iter()
             .position(|f| *f == l.folder)
-            .map(|i| &dirs[i])
+            .map(|i| (&dirs[i], &dir_ids[i]))
         else {
             continue;
         };
         // An image entry for this name in this very folder, under another spelling (`/lib64`
         // for `/usr/lib64`), is the same slot: ldconfig lists a directory once.
-        let here = dir_id(d);
         cache.entries.retain(|e| {
             e.key != l.soname.as_bytes()
                 || e.hwcaps.is_some()
@@ -515,7 +561,7 @@ pub fn update(
         what: "/etc/ld.so.cache".into(),
         message: e.to_string(),
     })?;
-    replace_file(&etc, "ld.so.cache", &bytes).map_err(rerr("/etc/ld.so.cache"))?;
+    write_file(&etc, "ld.so.cache", &bytes).map_err(rerr("/etc/ld.so.cache"))?;
     Ok(Outcome::Written {
         added: libs.len(),
         image_cache,
@@ -533,15 +579,23 @@ pub fn link_in_root(rootfs: &Path, links: &[(String, String)]) -> Result<usize, 
     let rerr = |what: &str| rootfs_error(rootfs, what);
     let root = open_rootfs(rootfs)?;
     let mut made = 0;
+    // The parent resolved once for the links that share it (the binaries: `/usr/bin`).
+    let mut opened: Option<(&Path, OwnedFd)> = None;
     for (path, target) in links {
         let p = Path::new(path);
         let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str()))
         else {
             return Err(LdcacheError::BadFolder(path.clone()));
         };
-        let rel = validate_folder(&parent.display().to_string())?;
-        let dir = ensure_dir(&root, &rel).map_err(rerr(&parent.display().to_string()))?;
-        if soname_link(&dir, name, target).map_err(rerr(path))? {
+        let dir = match opened.take() {
+            Some((at, dir)) if at == parent => dir,
+            _ => {
+                let rel = validate_folder(&parent.display().to_string())?;
+                ensure_dir(&root, &rel).map_err(rerr(&parent.display().to_string()))?
+            }
+        };
+        let dir = &opened.insert((parent, dir)).1;
+        if soname_link(dir, name, target).map_err(rerr(path))? {
             made += 1;
         }
     }
@@ -562,7 +616,7 @@ pub fn known_libraries(mounts: &[(String, PathBuf)]) -> Vec<Library> {
         .filter_map(|(target, host)| {
             let p = Path::new(target);
             let (folder, file) = (p.parent()?.to_str()?, p.file_name()?.to_str()?);
-            let Ok(Found::Regular(f)) = open_regular(&cwd, host, how) else {
+            let Ok(Found::Regular(f, _)) = open_regular(&cwd, host, how) else {
                 return None;
             };
             let dso = crate::ldso::elf::inspect_file(&f)?;
@@ -679,6 +733,51 @@ mod tests {
                 .file_type()
                 .is_symlink()
         );
+    }
+
+    #[test]
+    fn a_file_is_created_where_absent_and_a_planted_symlink_replaced_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("rootfs");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, root.join("etc/ld.so.cache")).unwrap();
+        let etc = nix::fcntl::open(
+            &root.join("etc"),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        write_file(&etc, "ld.so.conf", b"include x\n").unwrap();
+        write_file(&etc, "ld.so.cache", b"new").unwrap();
+        assert_eq!(
+            std::fs::read(root.join("etc/ld.so.conf")).unwrap(),
+            b"include x\n"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(root.join("etc/ld.so.cache")).unwrap(), b"new");
+        // Written again: replaced (no temporaries left behind).
+        write_file(&etc, "ld.so.conf", b"include y\n").unwrap();
+        assert_eq!(
+            std::fs::read(root.join("etc/ld.so.conf")).unwrap(),
+            b"include y\n"
+        );
+        assert_eq!(std::fs::read_dir(root.join("etc")).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_cache_reads_whole_whatever_size_its_fstat_said() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c");
+        let body: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        std::fs::write(&p, &body).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        for said in [40_000, 0, 10, 39_999, 40_001, 1 << 20] {
+            use std::io::Seek;
+            (&f).rewind().unwrap();
+            assert_eq!(read_capped(&f, said).unwrap(), body, "fstat said {said}");
+        }
     }
 
     #[test]
