@@ -67,14 +67,8 @@ for _ in $(seq 100); do ctr --address "$D/containerd.sock" version >/dev/null 2>
 ctr --address "$D/containerd.sock" version >/dev/null || { cat "$S/containerd.log" >&2; exit 1; }
 
 # Image: static busybox as an OCI image localhost/pause:test (also the sandbox image).
-L=$S/img UB=$S/img-bundle
-umoci init --layout "$L" >/dev/null; umoci new --image "$L:test" >/dev/null
-umoci unpack --image "$L:test" "$UB" >/dev/null
-mkdir -p "$UB/rootfs/bin"; cp /bin/busybox "$UB/rootfs/bin/"
-for c in sh sleep true; do ln -sf busybox "$UB/rootfs/bin/$c"; done
-umoci repack --image "$L:test" "$UB" >/dev/null
-umoci config --image "$L:test" --config.entrypoint /bin/sleep --config.cmd 2147483647 --config.env PATH=/bin >/dev/null
-tar -C "$L" -cf "$S/pause.tar" .
+. benches/cri/containerd.sh # bench_image
+bench_image
 ctr --address "$D/containerd.sock" -n k8s.io images import --base-name localhost/pause --snapshotter native "$S/pause.tar" >/dev/null
 
 echo "cri bench: pod start (RunPodSandbox + CreateContainer + StartContainer) through containerd $(containerd --version | awk '{print $3}'), $RUNS interleaved pods per arm ($BIN_DIR)"

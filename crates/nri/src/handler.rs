@@ -169,10 +169,13 @@ impl PlanHandler {
             allocation: plan.allocation.clone(),
             ..Default::default()
         };
-        let facts = self.node_facts(Some(std::mem::replace(
-            &mut intake.inventory,
-            Inventory::empty(),
-        )));
+        // The inventory decided on (none where it could not be loaded: the validation then
+        // tries again, as it would without a kept one).
+        let decided_on = intake
+            .inventory_error
+            .is_none()
+            .then(|| std::mem::replace(&mut intake.inventory, Inventory::empty()));
+        let facts = self.node_facts(decided_on);
         // A variable the container has once as planned is left to whoever set it.
         let agrees = |k: &str, planned: &str, present: &str| {
             use crate::allocation::container_dialects::{
@@ -231,7 +234,12 @@ impl PlanHandler {
             .as_ref()
             .map_or(("", ""), |p| (p.name.as_str(), p.namespace.as_str()));
         let (decided, inventory) = self.decisions.take(id).unzip();
-        let facts = self.node_facts(inventory.flatten());
+        let inventory = match inventory.flatten() {
+            Some(inv) => Some(inv),
+            None if decided.is_some() => self.inventory().ok(),
+            None => None,
+        };
+        let facts = self.node_facts(inventory);
         let verdict = super::validate::validate(req, me, decided.as_ref(), &facts);
         let validation_us = t.elapsed().as_micros() as u64;
         match verdict {
@@ -797,6 +805,34 @@ mod tests {
                 "{id}"
             );
         }
+    }
+
+    static FAILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    static TRIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn unavailable_at_first(cfg: &Config) -> Result<Inventory, String> {
+        TRIES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if FAILING.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("no cache, no NVML".into());
+        }
+        one_gpu(cfg)
+    }
+
+    #[test]
+    fn a_decision_made_without_the_inventory_has_its_validation_load_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handler(dir.path(), unavailable_at_first);
+        h.validation_offered(true);
+        // No GPU asked: decided (nothing granted) although the inventory is unavailable.
+        let adj = h.create_container(&pod(&[]), &ctr(&[], &[])).unwrap();
+        let (decided, inventory) = h.decisions.take("c1").unwrap();
+        assert!(inventory.is_none(), "an empty inventory kept as the node's");
+        h.decisions.keep("c1", decided, None);
+        FAILING.store(false, std::sync::atomic::Ordering::SeqCst);
+        let tries = TRIES.load(std::sync::atomic::Ordering::SeqCst);
+        let req = validation("c1", &adj, ContainerAdjustment::default(), &[]);
+        h.validate_adjustment(&req, "90-gpufence").unwrap();
+        assert_eq!(TRIES.load(std::sync::atomic::Ordering::SeqCst), tries + 1);
     }
 
     /// One GPU (index 0) whose device minor is 3: koordlet's `NVIDIA_VISIBLE_DEVICES=3` names it,

@@ -192,7 +192,7 @@ impl Version {
 pub const MEMO_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The parsed cache, kept by a long-running process (`gpufence nri` loads the inventory for
-/// every container's decision and check): [`Memo::load`] is [`super::load`] without the file's
+/// every container's decision and check): `Memo::load` is `inventory::load` without the file's
 /// read and JSON parse while the node's key (computed afresh on every call, exactly as `load`
 /// does: driver version line, `nvidia*` device nodes, roots) and the cache file's version
 /// (`lstat`: device, inode, size, mode, owner, mtime, ctime) are the ones it parsed. A file is
@@ -234,8 +234,9 @@ impl Memo {
         self.parses.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The inventory, as [`super::load`] gives it.
-    pub fn load(&self, cfg: &Config) -> Result<Inventory, InventoryError> {
+    /// The cached inventory (kept, or read and parsed), or the node's key to scan it under
+    /// when the cache is missing, stale or untrusted (`Memo::load` in the parent module).
+    pub fn cached(&self, cfg: &Config) -> Result<Result<Inventory, CacheKey>, InventoryError> {
         let key = cache_key(cfg)?;
         let p = path(cfg);
         if let Ok(md) = std::fs::symlink_metadata(&p)
@@ -248,14 +249,14 @@ impl Memo {
                 && k.key == key
                 && k.version == version
             {
-                return Ok(k.inventory.clone());
+                return Ok(Ok(k.inventory.clone()));
             }
         }
         self.parses
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some((inventory, version)) = read_versioned(cfg, &key) else {
             *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            return super::scan_and_cache(cfg, &key);
+            return Ok(Err(key));
         };
         let settled = version.settled(std::time::SystemTime::now(), self.settle);
         *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = settled.then(|| Kept {
@@ -264,7 +265,7 @@ impl Memo {
             version,
             inventory: inventory.clone(),
         });
-        Ok(inventory)
+        Ok(Ok(inventory))
     }
 }
 

@@ -42,6 +42,16 @@ pub fn load(cfg: &Config) -> Result<Inventory, InventoryError> {
     scan_and_cache(cfg, &key)
 }
 
+impl Memo {
+    /// The inventory, as [`load`] gives it, the cache's parse kept between calls (see [`Memo`]).
+    pub fn load(&self, cfg: &Config) -> Result<Inventory, InventoryError> {
+        match self.cached(cfg)? {
+            Ok(inv) => Ok(inv),
+            Err(key) => scan_and_cache(cfg, &key),
+        }
+    }
+}
+
 /// A fresh [`scan`], written back to the cache under `key`.
 fn scan_and_cache(cfg: &Config, key: &CacheKey) -> Result<Inventory, InventoryError> {
     let inv = scan(cfg)?;
