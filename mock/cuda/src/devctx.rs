@@ -256,17 +256,31 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: usize, id: *mut u64) -> CUresult {
     })
 }
 
-/// `CUlimit` defaults of the real driver: stack, printf FIFO, malloc heap, sync depth, pending
-/// launches, L2 fetch granularity, persisting L2.
-const LIMITS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
-static LIMIT_VALUES: [std::sync::atomic::AtomicUsize; 7] =
-    [const { std::sync::atomic::AtomicUsize::new(usize::MAX) }; 7];
+/// `CUlimit` defaults of the real driver (13.0): stack, printf FIFO, malloc heap, sync depth,
+/// pending launches, L2 fetch granularity, persisting L2, then the three limits of CUDA in
+/// Graphics contexts (12.8): the shared memory kernels may use (a context that is not CIG has a
+/// multiprocessor's whole shared memory), whether the context is CIG (never here), whether kernels
+/// needing more shared memory than a CIG context has fall back instead of failing (on by default).
+/// cuBLASLt asks `CU_LIMIT_CIG_ENABLED` when it builds its device context (`cublasLtCreate`,
+/// `cublasCreate`): any answer but success, `CUDA_ERROR_INVALID_VALUE` or
+/// `CUDA_ERROR_INVALID_CONTEXT` makes it drop the device description it just read, and every
+/// GEMM of the handle then fails with `CUBLAS_STATUS_ARCH_MISMATCH` (compute capability 0).
+const LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 233_472, 0, 1];
+/// `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` can only be queried.
+const QUERY_ONLY_LIMITS: [usize; 2] = [7, 8];
+static LIMIT_VALUES: [std::sync::atomic::AtomicUsize; LIMITS.len()] =
+    [const { std::sync::atomic::AtomicUsize::new(usize::MAX) }; LIMITS.len()];
+
+/// The index of `limit` among the limits a 13.0 driver knows.
+fn limit_index(limit: c_int) -> Option<usize> {
+    usize::try_from(limit).ok().filter(|i| *i < LIMITS.len())
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
     guard(|| {
         tri!(ctx_or_current(0));
-        let Some(i) = usize::try_from(limit).ok().filter(|i| *i < LIMITS.len()) else {
+        let Some(i) = limit_index(limit) else {
             return 215; // CUDA_ERROR_UNSUPPORTED_LIMIT
         };
         let set = LIMIT_VALUES[i].load(Ordering::Acquire);
@@ -280,7 +294,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult 
 pub extern "C" fn cuCtxSetLimit(limit: c_int, v: usize) -> CUresult {
     guard(|| {
         tri!(ctx_or_current(0));
-        let Some(i) = usize::try_from(limit).ok().filter(|i| *i < LIMITS.len()) else {
+        let Some(i) = limit_index(limit).filter(|i| !QUERY_ONLY_LIMITS.contains(i)) else {
             return 215;
         };
         LIMIT_VALUES[i].store(v, Ordering::Release);
@@ -437,7 +451,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     guard(|| {
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
-        CURRENT.with(|cur| cur.set(c));
+        crate::driver::ctx_push(c);
         // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
