@@ -3,13 +3,13 @@
 //!
 //! | table | asked by | without it | slots used |
 //! |---|---|---|---|
-//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | the CUDA 13.5 runtime (`nvidia-cuda-runtime` 13.5, what `jax[cuda13]` installs) | every device call fails with `cudaErrorInvalidValue` (JAX: "no supported devices found for platform CUDA") | the runtime checks that the driver has it; cuBLASLt 13 and cuBLAS 13 call slots with the context from slot 2 of the tools TLS table (`dark.rs`): 4 before each GEMM heuristic query (cuBLASLt: SIGSEGV without it), 51 then 39 for a complex GEMM's workspace (cuBLAS: `CUBLAS_STATUS_INTERNAL_ERROR` without them) | 4: the context's id (`context_id`); 51: a stream of the context (`context_stream`); 39: the stream's id (`stream_id`) |
+//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | the CUDA 13.5 runtime (`nvidia-cuda-runtime` 13.5, what `jax[cuda13]` installs) | every device call fails with `cudaErrorInvalidValue` (JAX: "no supported devices found for platform CUDA") | the runtime checks that the driver has it; cuBLAS/cuBLASLt 13 and cuFFT 13 call slots with the context from slot 2 of the tools TLS table (`dark.rs`): 4 before each GEMM (refused: `CUBLAS_STATUS_NOT_SUPPORTED`; cuFFT asks it too and runs without it), 51 then 39 for a complex GEMM's workspace (refused: `CUBLAS_STATUS_INTERNAL_ERROR`) | 4: the context's id (`context_id`); 51: a stream of the context (`context_stream`); 39: the stream's id (`stream_id`) |
 //! | `6e163fbe-b958-444d-835c-e182aff1991e` | cuFFT (`libcufft.so.12` of CUDA 13), at `cufftCreate` | `CUFFT_INTERNAL_ERROR` (error 5) | slot 7, after each `cuModuleLoadData`: a kernel of that module, handed to a callback (`fft_module_function`) |
 //! | `1734dc26-800d-4745-8726-c0f1e7dd8bca` | cuBLASLt 13, for a half-precision GEMM's heuristics (`cublasLtHSHMatmulAlgoGetHeuristic`) | SIGSEGV: cuBLASLt calls slot 4 of the table without checking it got one | slot 4 `(void **bytes, size_t *n) -> CUresult`, a byte per unit of the device that cuBLASLt counts by value (refused here: cuBLASLt then takes its defaults, the path it takes when its own key says not to ask) |
 //! | `7cb63f9b-9ca4-8e42-a484-beb66e6aed7f` | CUPTI (`libcupti.so.13`), at its first call | CUPTI 13.5: `cuptiGetVersion` fails (error 1) and JAX's start-up check reports "Unable to load cuPTI"; CUPTI 13.2: endless recursion between its initialisation and `cuptiGetResultString` until the stack overflows (SIGSEGV) | CUPTI 13.5: none; CUPTI 13.2: slot 67 (registers a table of its own callbacks; refused here, see below) |
 //!
 //! What the slots of these tables mean is not documented; the simulated driver only proves that
-//! the tables are there. Every slot but cuFFT's slot 7 answers `CUDA_ERROR_NOT_SUPPORTED` and,
+//! the tables are there. Every slot but those named above answers `CUDA_ERROR_NOT_SUPPORTED` and,
 //! under `GPUFENCE_MOCK_CUDA_TRACE=1`, names itself ("export table <uuid> slot <n>"), which is how a
 //! library version that calls one shows up. CUPTI 13.2 calls slot 67 and does not survive its
 //! refusal (nor an accepted registration without the driver then doing what CUPTI expects), so
@@ -78,9 +78,9 @@ type ContextId = unsafe extern "C" fn(usize, *mut u64) -> CUresult;
 
 /// Slot 4 of `21318c60-...`: `(CUcontext ctx, unsigned long long *id)`, the id of `ctx` (0: the
 /// current one), what `cuCtxGetId` answers. The real driver's tools callback hooks answer the
-/// same pair (context, id) for a tool's callback record; cuBLASLt and cuFFT 13 key their
-/// per-context state (loaded kernels, heuristics caches) by it, and refuse to run without it
-/// (cuBLASLt: no heuristic, cuFFT: `CUFFT_EXEC_FAILED`).
+/// same pair (context, id) for a tool's callback record. cuBLASLt 13 keys per-context state by it
+/// before each GEMM and, refused, fails the GEMM with `CUBLAS_STATUS_NOT_SUPPORTED`; cuFFT 13 asks
+/// it before a launch and runs without it.
 unsafe extern "C" fn context_id(ctx: usize, id: *mut u64) -> CUresult {
     // SAFETY: the caller's out-slot, passed on unchanged (null-checked there).
     unsafe { crate::devctx::cuCtxGetId(ctx, id) }
