@@ -172,8 +172,11 @@ unsafe extern "C" fn hooks_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
 /// hooks table); cuBLASLt 13 calls it before each GEMM heuristic query, then asks the context's id
 /// (slot 4 of `21318c60-...`, `dark13.rs`) to key its per-context state; an empty slot crashed it.
 unsafe extern "C" fn tools_current_context(pctx: *mut usize) -> CUresult {
-    // SAFETY: the caller's out-slot, passed on unchanged (null-checked there).
-    unsafe { crate::cuCtxGetCurrent(pctx) }
+    guard(|| match crate::driver::state() {
+        // SAFETY: put refuses a null `pctx`; otherwise the caller's out-slot.
+        Ok(_) => unsafe { put(pctx, CURRENT.with(|c| c.get())) },
+        Err(e) => e,
+    })
 }
 
 unsafe extern "C" fn ctx_create_bypass(pctx: *mut usize, flags: c_uint, dev: c_int) -> CUresult {
