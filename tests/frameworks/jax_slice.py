@@ -15,8 +15,8 @@ Checks that the CUDA runtime's cudaMemGetInfo() total is --total, that XLA's all
 arrays: with --stop-at the allocation must fail (RESOURCE_EXHAUSTED) where the allocator's limit or
 the slice ends, whichever is lower, never past it; with --pass it must get that far.
 --held N: a second JAX process of the container (no pool: XLA_PYTHON_CLIENT_ALLOCATOR=platform)
-first holds N bytes; this one then has the rest. Last, with the arrays released, the "handles"
-step: a GEMM through XLA's cuBLAS path and an FFT (cuFFT) run.
+first holds N bytes; this one then has the rest. Last, with the arrays released (and the
+neighbour gone), the "handles" step: a GEMM through XLA's cuBLAS path and an FFT (cuFFT) run.
 """
 
 import argparse
@@ -119,10 +119,12 @@ def main():
     v.check(total - free_after >= n, f"the device shows {total - free_after} bytes used, "
             f"less than the {n} bytes of arrays held")
     del keep[:]
-    libraries(v, jax, jnp)
     if child is not None:
+        # cuBLAS needs memory of its own beside XLA's region (75 % of the slice), which the
+        # neighbour's 1 GiB leaves no room for, on a real GPU as here: the neighbour goes first
         child.kill()
         child.wait()
+    libraries(v, jax, jnp)
     v.finish()
 
 
