@@ -90,18 +90,18 @@ def hold_in_child(script_args, env_extra):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def handles(v, name, create):
-    """The "handles" step: `create()` makes a cuBLAS handle and a cuFFT plan the framework's way.
+def handles(v, name, run):
+    """One check of the "handles" step: `run()` creates a cuBLAS handle or cuFFT plan, or runs a
+    GEMM or FFT the framework's way and waits for it.
 
-    Over the simulated driver kernels compute nothing, so only that the libraries start (their
-    own CUDA runtime, private driver tables, NVML and driver symbols they bind by dlsym) is
-    checked, not what a product or transform gives.
+    Over the simulated driver kernels compute nothing, so only that the libraries start and their
+    work launches (their own CUDA runtime, private driver tables, NVML and driver symbols they
+    bind by dlsym) is checked, not what a product or transform gives.
     """
     try:
-        create()
+        run()
         print(f"handles {name} ok", flush=True)
     except Exception as e:  # noqa: BLE001 - any failure is the finding
         line = (str(e).splitlines() or [type(e).__name__])[0][:200]
         print(f"handles {name} failed: {line}", flush=True)
         v.check(False, f"{name}: {line}")
-

@@ -6,7 +6,8 @@ Checks cupy.cuda.runtime.memGetInfo() shows --total, then fills the GPU with 256
 through CuPy's default memory pool (--mode default) or cupy.cuda.MemoryAsyncPool (--mode async,
 the driver's stream-ordered allocator): with --stop-at the pool must raise
 cupy.cuda.memory.OutOfMemoryError at the slice, with --pass it must get that far. Last, the
-"handles" step: a cuBLAS handle and a cuFFT plan are created.
+"handles" step: a cuBLAS handle and a cuFFT plan are created, GEMMs (float32, complex64) and an
+FFT run.
 """
 
 import os
@@ -43,10 +44,27 @@ def main():
     print(f"roundtrip {same}", flush=True)
     v.check(same, "a host-device-host copy changed the data")
     # after the fill: the libraries' own workspaces are not part of what it measures
-    from cupy.cuda import cufft
-    common.handles(v, "cuBLAS", cupy.cuda.device.get_cublas_handle)
-    common.handles(v, "cuFFT", lambda: cufft.Plan1d(64, cufft.CUFFT_C2C, 1))
+    libraries(v, cupy)
     v.finish()
+
+
+def libraries(v, cupy):
+    """The "handles" step: cuBLAS and cuFFT start and their work launches."""
+    from cupy.cuda import cufft
+
+    def run(f):
+        return lambda: (f(), cupy.cuda.runtime.deviceSynchronize())
+
+    def gemm(dtype):
+        a = cupy.ones((64, 64), dtype=dtype)
+        return a @ a
+
+    common.handles(v, "cuBLAS", cupy.cuda.device.get_cublas_handle)
+    common.handles(v, "cuBLAS GEMM float32", run(lambda: gemm(cupy.float32)))
+    common.handles(v, "cuBLAS GEMM complex64", run(lambda: gemm(cupy.complex64)))
+    common.handles(v, "cuFFT", lambda: cufft.Plan1d(64, cufft.CUFFT_C2C, 1))
+    common.handles(v, "cuFFT transform",
+                   run(lambda: cupy.fft.fft(cupy.ones(64, dtype=cupy.complex64))))
 
 
 if __name__ == "__main__":

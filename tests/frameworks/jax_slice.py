@@ -15,12 +15,14 @@ Checks that the CUDA runtime's cudaMemGetInfo() total is --total, that XLA's all
 arrays: with --stop-at the allocation must fail (RESOURCE_EXHAUSTED) where the allocator's limit or
 the slice ends, whichever is lower, never past it; with --pass it must get that far.
 --held N: a second JAX process of the container (no pool: XLA_PYTHON_CLIENT_ALLOCATOR=platform)
-first holds N bytes; this one then has the rest.
+first holds N bytes; this one then has the rest. Last, with the arrays released (and the
+neighbour gone), the "handles" step: a GEMM through XLA's cuBLAS path and an FFT (cuFFT) run.
 """
 
 import argparse
 import ctypes
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -116,10 +118,35 @@ def main():
     print(f"used_after {total - free_after}", flush=True)
     v.check(total - free_after >= n, f"the device shows {total - free_after} bytes used, "
             f"less than the {n} bytes of arrays held")
+    del keep[:]
     if child is not None:
+        # cuBLAS needs memory of its own beside XLA's region (75 % of the slice), which the
+        # neighbour's 1 GiB leaves no room for, on a real GPU as here: the neighbour goes first
         child.kill()
         child.wait()
+    libraries(v, jax, jnp)
     v.finish()
+
+
+def libraries(v, jax, jnp):
+    """The "handles" step: XLA's cuBLAS GEMM and a cuFFT transform run.
+
+    XLA would compile a small dot to a Triton kernel of its own; with Triton's GEMMs off for this
+    one compilation it calls cuBLAS (a `__cublas$...` custom call), which is checked.
+    """
+    a = jnp.ones((64, 64), dtype=jnp.float32)
+
+    def gemm():
+        exe = jax.jit(jnp.dot).lower(a, a).compile(
+            compiler_options={"xla_gpu_enable_triton_gemm": False})
+        targets = re.findall(r'custom_call_target="([^"]+)"', exe.as_text())
+        if not any(t.startswith("__cublas") for t in targets):
+            raise RuntimeError(f"XLA compiled the dot without cuBLAS (custom calls: {targets})")
+        exe(a, a).block_until_ready()
+
+    common.handles(v, "cuBLAS GEMM float32", gemm)
+    common.handles(v, "cuFFT transform",
+                   lambda: jnp.fft.fft(jnp.ones(64, dtype=jnp.complex64)).block_until_ready())
 
 
 def hold(n):

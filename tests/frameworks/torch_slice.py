@@ -7,7 +7,8 @@ expandable_segments:True, backend:cudaMallocAsync). Checks: torch.cuda.is_availa
 mem_get_info() and get_device_properties(0).total_memory equal --total; then it fills the GPU with
 256 MiB tensors: with --stop-at the allocator must raise torch.cuda.OutOfMemoryError at the slice
 (not GiBs before it, never past it); with --pass it must get that far (the control). Last, the
-"handles" step: a cuBLAS handle and a cuFFT transform (plan and launch) start.
+"handles" step: a cuBLAS handle, cuBLAS GEMMs (float32, float16, a linear layer with bias through
+cuBLASLt) and a cuFFT transform (plan and launch) run.
 --held N: a second process of the container first holds N bytes; this one then has the rest.
 --graph N (with --mode async): a CUDA graph whose allocations (memory nodes) total N bytes is
 captured and replayed first; the memory it holds counts against the slice.
@@ -71,13 +72,29 @@ def main():
     print(f"roundtrip {same}", flush=True)
     v.check(same, "a host-device-host copy changed the data")
     # after the fill: the libraries' own workspaces are not part of what it measures
-    common.handles(v, "cuBLAS", torch.cuda.current_blas_handle)
-    common.handles(v, "cuFFT", lambda: torch.fft.fft(torch.ones(64, dtype=torch.complex64,
-                                                                device="cuda")))
+    libraries(v, torch)
     if child is not None:
         child.kill()
         child.wait()
     v.finish()
+
+
+def libraries(v, torch):
+    """The "handles" step: cuBLAS and cuFFT start and their work launches."""
+    def ones(*shape, dtype=torch.float32):
+        return torch.ones(*shape, dtype=dtype, device="cuda")
+
+    def run(f):
+        return lambda: (f(), torch.cuda.synchronize())
+
+    common.handles(v, "cuBLAS", torch.cuda.current_blas_handle)
+    common.handles(v, "cuBLAS GEMM float32", run(lambda: ones(64, 64) @ ones(64, 64)))
+    half = torch.float16
+    common.handles(v, "cuBLAS GEMM float16",
+                   run(lambda: ones(64, 64, dtype=half) @ ones(64, 64, dtype=half)))
+    common.handles(v, "cuBLASLt linear",
+                   run(lambda: torch.nn.functional.linear(ones(8, 32), ones(16, 32), ones(16))))
+    common.handles(v, "cuFFT", run(lambda: torch.fft.fft(ones(64, dtype=torch.complex64))))
 
 
 def graph_holding(torch, n):

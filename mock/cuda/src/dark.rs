@@ -7,7 +7,7 @@
 //! | table | slots used | here |
 //! |---|---|---|
 //! | runtime interface | 1, 6, 8: load a module from a `__fatBinC_Wrapper_t` / fatbin header; 2: primary context of a device; 7: a notification; 12: load the JIT compilers | any image loads (as `cuModuleLoadData`); the primary context; nothing; success |
-//! | tools TLS | size only | |
+//! | tools TLS | 2: the calling thread's context (cuBLASLt, before each heuristic query; the runtime, for a tool's callback record) | the current context, as `cuCtxGetCurrent` |
 //! | tools callback hooks | 2, 6: a buffer for the runtime's callback state | two zeroed static buffers |
 //! | context local storage | 0 put, 1 delete, 2 get (by context and key) | a map per (context, key) |
 //! | context create bypass | 1: `cuCtxCreate_v2` | `cuCtxCreate_v2` |
@@ -167,6 +167,18 @@ unsafe extern "C" fn hooks_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
     }
 }
 
+/// Slot 2 of the tools TLS table: `(CUcontext *out) -> CUresult`, the calling thread's context.
+/// The runtime fills a tool's callback record with it (and the context's id from the callback
+/// hooks table); cuBLASLt 13 calls it before each GEMM heuristic query, then asks the context's id
+/// (slot 4 of `21318c60-...`, `dark13.rs`) to key its per-context state; an empty slot crashed it.
+unsafe extern "C" fn tools_current_context(pctx: *mut usize) -> CUresult {
+    guard(|| match crate::driver::state() {
+        // SAFETY: put refuses a null `pctx`; otherwise the caller's out-slot.
+        Ok(_) => unsafe { put(pctx, CURRENT.with(|c| c.get())) },
+        Err(e) => e,
+    })
+}
+
 unsafe extern "C" fn ctx_create_bypass(pctx: *mut usize, flags: c_uint, dev: c_int) -> CUresult {
     // SAFETY: the runtime's out-slot, passed on unchanged (null-checked there).
     unsafe { crate::devctx::cuCtxCreate_v2(pctx, flags, dev) }
@@ -293,7 +305,9 @@ fn table(uuid: &[u8; 16]) -> Option<usize> {
         "6bd5fb6c5bf4e74a8987d93912fd9df9" => {
             Some(runtime_interface() as *const Table<13> as usize)
         }
-        "42d85a8123f6cb478298f6e78a3aecdc" => table!(4, [], true),
+        "42d85a8123f6cb478298f6e78a3aecdc" => table!(4, [
+            2 => f!(tools_current_context as unsafe extern "C" fn(_) -> _),
+        ], true),
         "a094798c2e742e7493f20800200c0a66" => table!(7, [
             2 => f!(hooks_buffer_1 as F2<_, _, ()>),
             6 => f!(hooks_buffer_2 as F2<_, _, ()>),

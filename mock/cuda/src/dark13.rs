@@ -3,12 +3,13 @@
 //!
 //! | table | asked by | without it | slots used |
 //! |---|---|---|---|
-//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | the CUDA 13.5 runtime (`nvidia-cuda-runtime` 13.5, what `jax[cuda13]` installs) | every device call fails with `cudaErrorInvalidValue` (JAX: "no supported devices found for platform CUDA") | none seen: the runtime only checks that the driver has it |
+//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | the CUDA 13.5 runtime (`nvidia-cuda-runtime` 13.5, what `jax[cuda13]` installs) | every device call fails with `cudaErrorInvalidValue` (JAX: "no supported devices found for platform CUDA") | the runtime checks that the driver has it; cuBLAS/cuBLASLt 13 and cuFFT 13 call slots with the context from slot 2 of the tools TLS table (`dark.rs`): 4 before each GEMM (refused: `CUBLAS_STATUS_NOT_SUPPORTED`; cuFFT asks it too and runs without it), 51 then 39 for a complex GEMM's workspace (refused: `CUBLAS_STATUS_INTERNAL_ERROR`) | 4: the context's id (`context_id`); 51: a stream of the context (`context_stream`); 39: the stream's id (`stream_id`) |
 //! | `6e163fbe-b958-444d-835c-e182aff1991e` | cuFFT (`libcufft.so.12` of CUDA 13), at `cufftCreate` | `CUFFT_INTERNAL_ERROR` (error 5) | slot 7, after each `cuModuleLoadData`: a kernel of that module, handed to a callback (`fft_module_function`) |
+//! | `1734dc26-800d-4745-8726-c0f1e7dd8bca` | cuBLASLt 13, for a half-precision GEMM's heuristics (`cublasLtHSHMatmulAlgoGetHeuristic`) | SIGSEGV: cuBLASLt calls slot 4 of the table without checking it got one | slot 4 `(void **bytes, size_t *n) -> CUresult`, a byte per unit of the device that cuBLASLt counts by value (refused here: cuBLASLt then takes its defaults, the path it takes when its own key says not to ask) |
 //! | `7cb63f9b-9ca4-8e42-a484-beb66e6aed7f` | CUPTI (`libcupti.so.13`), at its first call | CUPTI 13.5: `cuptiGetVersion` fails (error 1) and JAX's start-up check reports "Unable to load cuPTI"; CUPTI 13.2: endless recursion between its initialisation and `cuptiGetResultString` until the stack overflows (SIGSEGV) | CUPTI 13.5: none; CUPTI 13.2: slot 67 (registers a table of its own callbacks; refused here, see below) |
 //!
 //! What the slots of these tables mean is not documented; the simulated driver only proves that
-//! the tables are there. Every slot but cuFFT's slot 7 answers `CUDA_ERROR_NOT_SUPPORTED` and,
+//! the tables are there. Every slot but those named above answers `CUDA_ERROR_NOT_SUPPORTED` and,
 //! under `GPUFENCE_MOCK_CUDA_TRACE=1`, names itself ("export table <uuid> slot <n>"), which is how a
 //! library version that calls one shows up. CUPTI 13.2 calls slot 67 and does not survive its
 //! refusal (nor an accepted registration without the driver then doing what CUPTI expects), so
@@ -18,17 +19,18 @@
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
-use crate::driver::{CUDA_ERROR_NOT_SUPPORTED, CUresult};
+use crate::driver::{CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS, CUresult};
 use crate::trace;
 
 /// Slots per table (slot 0 holds the table's size in bytes): room for any slot these
 /// libraries index.
 const SLOTS: usize = 128;
 
-const TABLES: [&str; 3] = [
+const TABLES: [&str; 4] = [
     "21318c60971432488ca641ff7324c8f2",
     "7cb63f9b9ca48e42a484beb66e6aed7f",
     "6e163fbeb958444d835ce182aff1991e",
+    "1734dc26800d47458726c0f1e7dd8bca",
 ];
 
 #[repr(C)]
@@ -61,7 +63,70 @@ fn build<const TABLE: usize>() -> Table {
     if TABLES[TABLE] == FFT_TABLE {
         t[7] = fft_module_function as FftLookup as usize;
     }
+    if TABLES[TABLE] == CONTEXT_TABLE {
+        t[4] = context_id as ContextId as usize;
+        t[39] = stream_id as StreamId as usize;
+        t[51] = context_stream as ContextStream as usize;
+    }
     Table(t)
+}
+
+/// The table of the CUDA 13.5 runtime, cuBLASLt 13 and cuFFT 13.
+const CONTEXT_TABLE: &str = "21318c60971432488ca641ff7324c8f2";
+
+type ContextId = unsafe extern "C" fn(usize, *mut u64) -> CUresult;
+
+/// Slot 4 of `21318c60-...`: `(CUcontext ctx, unsigned long long *id)`, the id of `ctx` (0: the
+/// current one), what `cuCtxGetId` answers. The real driver's tools callback hooks answer the
+/// same pair (context, id) for a tool's callback record. cuBLASLt 13 keys per-context state by it
+/// before each GEMM and, refused, fails the GEMM with `CUBLAS_STATUS_NOT_SUPPORTED`; cuFFT 13 asks
+/// it before a launch and runs without it.
+unsafe extern "C" fn context_id(ctx: usize, id: *mut u64) -> CUresult {
+    // SAFETY: the caller's out-slot, passed on unchanged (null-checked there).
+    unsafe { crate::devctx::cuCtxGetId(ctx, id) }
+}
+
+/// `CU_STREAM_PER_THREAD`.
+const PER_THREAD_STREAM: usize = 2;
+
+type ContextStream = unsafe extern "C" fn(usize, usize, *mut usize, c_int) -> CUresult;
+
+/// Slot 51 of `21318c60-...`: `(CUcontext ctx, CUstream s, CUstream *out, int per_thread)`,
+/// the driver's stream for the handle `s` (`per_thread`: `s` is `CU_STREAM_PER_THREAD`, as
+/// cuBLAS passes it). cuBLAS 13 asks it, then the stream's id (slot 39), to find the workspace it
+/// keeps per stream for complex GEMMs. The simulated driver's stream handles are its streams: a
+/// handle of the context is answered unchanged, an unknown one refused, as `cuStreamGetId` does.
+unsafe extern "C" fn context_stream(
+    ctx: usize,
+    stream: usize,
+    out: *mut usize,
+    per_thread: c_int,
+) -> CUresult {
+    crate::driver::guard(|| {
+        let mut owner = 0usize;
+        let r = if per_thread != 0 || stream == PER_THREAD_STREAM {
+            crate::streams::cuStreamGetCtx_ptsz(stream, &mut owner)
+        } else {
+            crate::streams::cuStreamGetCtx(stream, &mut owner)
+        };
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        if ctx != 0 && ctx != owner {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        // SAFETY: put refuses a null `out`; otherwise the caller's out-slot.
+        unsafe { crate::driver::put(out, stream) }
+    })
+}
+
+type StreamId = unsafe extern "C" fn(usize, usize, *mut u64) -> CUresult;
+
+/// Slot 39 of `21318c60-...`: `(CUcontext ctx, CUstream s, unsigned long long *id)`, the id of a
+/// stream slot 51 answered, what `cuStreamGetId` gives (one id per stream for the process's
+/// life); cuBLAS compares it with the ids its workspaces were made for.
+unsafe extern "C" fn stream_id(_ctx: usize, stream: usize, id: *mut u64) -> CUresult {
+    crate::streams::cuStreamGetId(stream, id)
 }
 
 /// The table cuFFT (`libcufft.so.12`, CUDA 13) asks for when a plan is created.
@@ -101,11 +166,13 @@ pub(crate) fn table(uuid: &[u8; 16]) -> Option<usize> {
     static CONTEXT: OnceLock<Table> = OnceLock::new();
     static CUPTI: OnceLock<Table> = OnceLock::new();
     static FFT: OnceLock<Table> = OnceLock::new();
+    static BLAS_LT: OnceLock<Table> = OnceLock::new();
     let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
     let t = match TABLES.iter().position(|name| *name == hex)? {
         0 => CONTEXT.get_or_init(build::<0>),
         1 => CUPTI.get_or_init(build::<1>),
-        _ => FFT.get_or_init(build::<2>),
+        2 => FFT.get_or_init(build::<2>),
+        _ => BLAS_LT.get_or_init(build::<3>),
     };
     Some(t as *const Table as *const c_void as usize)
 }
@@ -113,6 +180,14 @@ pub(crate) fn table(uuid: &[u8; 16]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slots `build` fills with more than a refusal: (table, slot).
+    const IMPLEMENTED: [(&str, usize); 4] = [
+        (CONTEXT_TABLE, 4),
+        (CONTEXT_TABLE, 39),
+        (CONTEXT_TABLE, 51),
+        (FFT_TABLE, 7),
+    ];
 
     #[test]
     fn tables_are_sized_and_every_slot_answers() {
@@ -127,7 +202,7 @@ mod tests {
             assert_eq!(slots[0], SLOTS * 8);
             for (k, s) in slots.iter().enumerate().skip(1) {
                 assert_ne!(*s, 0, "table {i} slot {k} empty");
-                if *name == FFT_TABLE && k == 7 {
+                if IMPLEMENTED.contains(&(*name, k)) {
                     continue;
                 }
                 // SAFETY: every slot holds an `unknown_slot` instantiation, which takes no

@@ -256,21 +256,55 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: usize, id: *mut u64) -> CUresult {
     })
 }
 
-/// `CUlimit` defaults of the real driver: stack, printf FIFO, malloc heap, sync depth, pending
-/// launches, L2 fetch granularity, persisting L2.
-const LIMITS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
-static LIMIT_VALUES: [std::sync::atomic::AtomicUsize; 7] =
-    [const { std::sync::atomic::AtomicUsize::new(usize::MAX) }; 7];
+/// `CUlimit` defaults of the real driver (13.0): stack, printf FIFO, malloc heap, sync depth,
+/// pending launches, L2 fetch granularity, persisting L2, then the three limits of CUDA in
+/// Graphics contexts (12.8): the shared memory kernels may use on a CIG context (the libraries
+/// seen ask it only of a CIG context; here a multiprocessor's whole shared memory), whether the
+/// context is CIG (never here), whether kernels needing more shared memory than a CIG context has
+/// fall back instead of failing (on by default).
+/// cuBLASLt asks `CU_LIMIT_CIG_ENABLED` when it builds its device context (`cublasLtCreate`,
+/// `cublasCreate`): any answer but success, `CUDA_ERROR_INVALID_VALUE` or
+/// `CUDA_ERROR_INVALID_CONTEXT` makes it drop the device description it just read, and every
+/// GEMM of the handle then fails with `CUBLAS_STATUS_ARCH_MISMATCH` (compute capability 0).
+const LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 233_472, 0, 1];
+/// `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` can only be queried.
+const QUERY_ONLY_LIMITS: [usize; 2] = [7, 8];
+static LIMIT_VALUES: [std::sync::atomic::AtomicUsize; LIMITS.len()] =
+    [const { std::sync::atomic::AtomicUsize::new(usize::MAX) }; LIMITS.len()];
+
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+const UNSUPPORTED_LIMIT: CUresult = 215;
+
+/// The value of `limit`: what was set, else the driver's default; a limit a 13.0 driver does not
+/// know is `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+fn limit_value(limit: c_int) -> Result<usize, CUresult> {
+    let i = usize::try_from(limit)
+        .ok()
+        .filter(|i| *i < LIMITS.len())
+        .ok_or(UNSUPPORTED_LIMIT)?;
+    let set = LIMIT_VALUES[i].load(Ordering::Acquire);
+    Ok(if set == usize::MAX { LIMITS[i] } else { set })
+}
+
+/// Sets `limit`; the unknown and the query-only ones are `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+fn set_limit(limit: c_int, v: usize) -> CUresult {
+    match usize::try_from(limit)
+        .ok()
+        .filter(|i| *i < LIMITS.len() && !QUERY_ONLY_LIMITS.contains(i))
+    {
+        Some(i) => {
+            LIMIT_VALUES[i].store(v, Ordering::Release);
+            CUDA_SUCCESS
+        }
+        None => UNSUPPORTED_LIMIT,
+    }
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult {
     guard(|| {
         tri!(ctx_or_current(0));
-        let Some(i) = usize::try_from(limit).ok().filter(|i| *i < LIMITS.len()) else {
-            return 215; // CUDA_ERROR_UNSUPPORTED_LIMIT
-        };
-        let set = LIMIT_VALUES[i].load(Ordering::Acquire);
-        let val = if set == usize::MAX { LIMITS[i] } else { set };
+        let val = tri!(limit_value(limit));
         // SAFETY: put refuses a null `v`; otherwise the caller's out-slot.
         unsafe { put(v, val) }
     })
@@ -280,11 +314,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(v: *mut usize, limit: c_int) -> CUresult 
 pub extern "C" fn cuCtxSetLimit(limit: c_int, v: usize) -> CUresult {
     guard(|| {
         tri!(ctx_or_current(0));
-        let Some(i) = usize::try_from(limit).ok().filter(|i| *i < LIMITS.len()) else {
-            return 215;
-        };
-        LIMIT_VALUES[i].store(v, Ordering::Release);
-        CUDA_SUCCESS
+        set_limit(limit, v)
     })
 }
 
@@ -437,7 +467,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     guard(|| {
         let s = tri!(state());
         let c = tri!(ctx_for(s, dev));
-        CURRENT.with(|cur| cur.set(c));
+        crate::driver::ctx_push(c);
         // SAFETY: put rejects a null `pctx`; otherwise the CUDA driver-API contract makes it a
         // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
@@ -454,4 +484,48 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut usize, dev: CUdevic
         // valid, writable out-pointer for a CUcontext.
         unsafe { put(pctx, c) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_of_a_13_0_driver() {
+        assert_eq!(limit_value(0), Ok(1024), "stack size");
+        assert_eq!(
+            limit_value(8),
+            Ok(0),
+            "a context is not CIG (cuBLASLt asks at cublasCreate)"
+        );
+        assert_eq!(
+            limit_value(7),
+            Ok(233_472),
+            "shared memory: a multiprocessor's"
+        );
+        assert_eq!(
+            limit_value(10),
+            Err(UNSUPPORTED_LIMIT),
+            "CUDA 13.1+'s per-block memory"
+        );
+        assert_eq!(limit_value(-1), Err(UNSUPPORTED_LIMIT));
+        assert_eq!(
+            set_limit(8, 1),
+            UNSUPPORTED_LIMIT,
+            "CIG_ENABLED can only be queried"
+        );
+        assert_eq!(
+            set_limit(7, 1),
+            UNSUPPORTED_LIMIT,
+            "SHMEM_SIZE can only be queried"
+        );
+        assert_eq!(limit_value(8), Ok(0));
+        assert_eq!(
+            set_limit(9, 0),
+            CUDA_SUCCESS,
+            "the CIG fallback can be turned off"
+        );
+        assert_eq!(limit_value(9), Ok(0));
+        assert_eq!(set_limit(9, 1), CUDA_SUCCESS);
+    }
 }

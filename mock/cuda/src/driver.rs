@@ -53,7 +53,52 @@ pub(crate) struct State {
 pub(crate) static STATE: OnceLock<Result<State, String>> = OnceLock::new();
 
 thread_local! {
+    /// The calling thread's current context: the top of its context stack (0: the stack is
+    /// empty).
     pub(crate) static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The contexts beneath the top of the calling thread's context stack, oldest first.
+    static BELOW: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The real driver keeps a stack of contexts per thread: `cuCtxPushCurrent` and `cuCtxCreate`
+/// push, `cuCtxPopCurrent` pops and makes the context beneath current again, `cuCtxSetCurrent`
+/// replaces the top (with null: pops). cuBLAS 13 brackets work on a handle's context with a push
+/// and a pop; a pop that left no current context made the next kernel launch of the thread fail
+/// with `CUDA_ERROR_INVALID_CONTEXT` (CuPy: `CUFFT_EXEC_FAILED` on an FFT after two GEMMs).
+pub(crate) fn ctx_push(ctx: usize) {
+    let top = CURRENT.with(|c| c.replace(ctx));
+    if top != 0 {
+        // At thread exit the stack may be gone already: nothing to keep then.
+        let _ = BELOW.try_with(|b| b.borrow_mut().push(top));
+    }
+}
+
+/// Pops the top of the calling thread's context stack: the popped context (0: the stack was
+/// empty); the one beneath becomes current.
+pub(crate) fn ctx_pop() -> usize {
+    let beneath = BELOW
+        .try_with(|b| b.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    CURRENT.with(|c| c.replace(beneath))
+}
+
+/// `cuCtxSetCurrent`: replaces the top of the stack (pushes onto an empty one); null pops.
+pub(crate) fn ctx_set_top(ctx: usize) {
+    if ctx == 0 {
+        ctx_pop();
+    } else {
+        CURRENT.with(|c| c.set(ctx));
+    }
+}
+
+/// A destroyed context leaves the calling thread's stack wherever it is.
+pub(crate) fn ctx_forget(ctx: usize) {
+    let _ = BELOW.try_with(|b| b.borrow_mut().retain(|c| *c != ctx));
+    if CURRENT.with(Cell::get) == ctx {
+        ctx_pop();
+    }
 }
 
 /// Context handles are `CTX_BASE + device` (never 0).
@@ -155,5 +200,46 @@ pub(crate) fn uncharge(s: &State, dev: usize, bytes: u64) {
     if let Some(d) = s.devices.get(dev) {
         d.used.fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
         limits::release(&s.limits, dev, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current() -> usize {
+        CURRENT.with(Cell::get)
+    }
+
+    #[test]
+    fn contexts_stack_per_thread() {
+        std::thread::spawn(|| {
+            let (a, b) = (CTX_BASE, CTX_BASE + 1);
+            assert_eq!(ctx_pop(), 0, "an empty stack pops nothing");
+            ctx_push(a);
+            ctx_push(b);
+            assert_eq!(current(), b);
+            assert_eq!(ctx_pop(), b);
+            assert_eq!(
+                current(),
+                a,
+                "the pop makes the context beneath current again"
+            );
+            ctx_set_top(b);
+            assert_eq!(current(), b, "set replaces the top");
+            assert_eq!(ctx_pop(), b);
+            assert_eq!(current(), 0, "a was replaced, not kept beneath");
+            ctx_push(a);
+            ctx_push(b);
+            ctx_set_top(0);
+            assert_eq!(current(), a, "set to null pops");
+            ctx_push(b);
+            ctx_forget(a);
+            assert_eq!(current(), b);
+            assert_eq!(ctx_pop(), b);
+            assert_eq!(current(), 0, "a destroyed context leaves the stack");
+        })
+        .join()
+        .unwrap();
     }
 }

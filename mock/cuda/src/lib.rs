@@ -336,20 +336,23 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 // ---------------------------------------------------------------------------------------------
 // Contexts
 
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
+/// Runs `then` with `ctx` if it is one of this process's contexts (null allowed where
+/// `null_ok`); otherwise `CUDA_ERROR_INVALID_CONTEXT`.
+fn with_context(ctx: usize, null_ok: bool, then: impl FnOnce(usize)) -> CUresult {
     guard(|| {
         let s = tri!(state());
-        if ctx < CTX_BASE || ctx - CTX_BASE >= s.devices.len() {
+        let known = ctx >= CTX_BASE && ctx - CTX_BASE < s.devices.len();
+        if !(known || (null_ok && ctx == 0)) {
             return CUDA_ERROR_INVALID_CONTEXT;
         }
-        CURRENT.with(|cur| {
-            if cur.get() == ctx {
-                cur.set(0)
-            }
-        });
+        then(ctx);
         CUDA_SUCCESS
     })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: usize) -> CUresult {
+    with_context(ctx, false, driver::ctx_forget)
 }
 
 #[unsafe(no_mangle)]
@@ -370,24 +373,17 @@ pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: usize) -> CUresult {
-    guard(|| {
-        let s = tri!(state());
-        if ctx != 0 && (ctx < CTX_BASE || ctx - CTX_BASE >= s.devices.len()) {
-            return CUDA_ERROR_INVALID_CONTEXT;
-        }
-        CURRENT.with(|cur| cur.set(ctx));
-        CUDA_SUCCESS
-    })
+    with_context(ctx, true, driver::ctx_set_top)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: usize) -> CUresult {
-    cuCtxSetCurrent(ctx)
+    with_context(ctx, false, driver::ctx_push)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent(ctx: usize) -> CUresult {
-    cuCtxSetCurrent(ctx)
+    cuCtxPushCurrent_v2(ctx)
 }
 
 #[unsafe(no_mangle)]
@@ -400,7 +396,10 @@ pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut usize) -> CUresult {
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut usize) -> CUresult {
     guard(|| {
         tri!(state());
-        let c = CURRENT.with(|cur| cur.replace(0));
+        if CURRENT.with(Cell::get) == 0 {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        let c = driver::ctx_pop();
         if !pctx.is_null() {
             // SAFETY: `pctx` was checked non-null just above; the caller's contract makes it a
             // writable CUcontext slot.

@@ -418,11 +418,17 @@ impl Default for ShimConfig {
 impl ShimConfig {
     /// True when the configured shim is HAMi-core's `libvgpu.so` (compatibility variables).
     pub fn is_hami_core(&self) -> bool {
-        self.library
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("libvgpu.so"))
+        self.library.to_str().is_some_and(is_hami_core_library)
     }
+}
+
+/// Whether a library path (or an `LD_PRELOAD` entry) names HAMi-core's `libvgpu.so`, any
+/// version suffix: the one answer the shim setting and the dialects that meet koordlet's
+/// injection share.
+pub fn is_hami_core_library(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|name| name.starts_with("libvgpu.so"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

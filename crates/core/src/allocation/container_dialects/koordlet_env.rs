@@ -18,7 +18,7 @@ use super::nvidia_env::NVIDIA_VISIBLE_DEVICES;
 use super::{Facet, Part};
 use crate::allocation::input::Inputs;
 use crate::allocation::{Allocation, AllocationError, DeviceRef, Intake, short};
-use crate::config::Dialect;
+use crate::config::{Dialect, is_hami_core_library};
 use crate::inventory::Inventory;
 
 /// koordlet's `NVIDIA_VISIBLE_DEVICES`: device minors, comma-joined (`None` when the value is
@@ -171,14 +171,6 @@ pub const ISOLATION_PROVIDER: &str = "koordinator.sh/gpu-isolation-provider";
 /// [`ISOLATION_PROVIDER`]'s value for HAMi-core.
 pub const HAMI_CORE_PROVIDER: &str = "HAMi-core";
 
-/// Whether an `LD_PRELOAD` entry is HAMi-core's library (`…/libvgpu.so`, any version suffix).
-fn is_hami_core(entry: &str) -> bool {
-    entry
-        .rsplit('/')
-        .next()
-        .is_some_and(|name| name.starts_with("libvgpu.so"))
-}
-
 /// An `LD_PRELOAD` value without HAMi-core's library (entries separated by `:` or spaces, as
 /// ld.so reads them): `Some(the rest, ':'-joined)` when it named it, `None` when it did not.
 pub fn without_hami_core(value: &str) -> Option<String> {
@@ -186,13 +178,13 @@ pub fn without_hami_core(value: &str) -> Option<String> {
         .split([':', ' ', '\t'])
         .filter(|e| !e.is_empty())
         .collect();
-    if !entries.iter().any(|e| is_hami_core(e)) {
+    if !entries.iter().any(|e| is_hami_core_library(e)) {
         return None;
     }
     Some(
         entries
             .into_iter()
-            .filter(|e| !is_hami_core(e))
+            .filter(|e| !is_hami_core_library(e))
             .collect::<Vec<_>>()
             .join(":"),
     )
