@@ -51,6 +51,8 @@ pub struct Conn {
     next_stream: AtomicU32,
     closed: AtomicBool,
     in_flight: AtomicUsize,
+    /// The threads requests are served on ([`crate::workers`]).
+    workers: Arc<crate::workers::Workers>,
 }
 
 impl Conn {
@@ -64,6 +66,7 @@ impl Conn {
             next_stream: AtomicU32::new(1),
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            workers: crate::workers::Workers::new("nri-request"),
         };
         Ok((Arc::new(conn), stream))
     }
@@ -244,13 +247,11 @@ impl Conn {
         }
         let me = Arc::clone(self);
         let serve = Arc::clone(serve);
-        let spawned = std::thread::Builder::new()
-            .name("nri-request".into())
-            .spawn(move || {
-                let resp = serve_one(&serve, sid, &req);
-                me.reply(&resp);
-                me.in_flight.fetch_sub(1, Ordering::SeqCst);
-            });
+        let spawned = self.workers.run(move || {
+            let resp = serve_one(&serve, sid, &req);
+            me.reply(&resp);
+            me.in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
         if let Err(e) = spawned {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             let why = format!("cannot start a thread for the request: {e}");

@@ -22,6 +22,7 @@ pub mod mux;
 pub mod plugin;
 pub mod service;
 pub mod ttrpc;
+pub mod workers;
 
 pub use handler::{Gone, Handler, Runtime};
 pub use plugin::{

@@ -115,6 +115,8 @@ pub struct Service {
     /// This plugin as NRI names the owner of an adjustment (`<index>-<name>`; empty when not
     /// registered through [`crate::Plugin`]).
     me: String,
+    /// The threads decisions and validations run on, against their deadline.
+    workers: Arc<crate::workers::Workers>,
 }
 
 /// A container to check after the fact, with its pod.
@@ -138,6 +140,7 @@ impl Service {
             sync: Mutex::new((Vec::new(), Vec::new())),
             fence: Mutex::new(None),
             me: String::new(),
+            workers: crate::workers::Workers::new("nri-decide"),
         }
     }
 
@@ -376,12 +379,10 @@ impl Service {
     ) -> Result<T, String> {
         let deadline = decision_deadline(self.request_timeout_ms.load(Ordering::SeqCst));
         let (tx, rx) = mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("nri-decide".into())
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-                let _ = tx.send(r);
-            });
+        let spawned = self.workers.run(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            let _ = tx.send(r);
+        });
         if let Err(e) = spawned {
             return Err(format!(
                 "container {id}: gpufence nri: cannot start a thread: {e}"
