@@ -10,7 +10,8 @@
 //!   StopContainer, RemoveContainer, StateChange, ValidateContainerAdjustment, Shutdown) dispatched to a [`Handler`];
 //! * [`plugin`] — connect (socket or the fd a runtime hands a pre-registered plugin), register,
 //!   serve, reconnect with backoff;
-//! * [`handler`] — what a plugin answers: the [`Handler`] trait.
+//! * [`handler`] — what a plugin answers: the [`Handler`] trait;
+//! * [`workers`] — the threads requests and decisions run on, kept for the next one.
 //!
 //! The NRI API is containerd/nri v0.12.0 (`proto/nri/api.proto`); see `docs/nri.md`.
 
