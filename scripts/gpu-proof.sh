@@ -24,9 +24,12 @@
 #
 # Env of `run`: OUT (default /tmp/gpu-proof-out), BUDGET (seconds, default 480), PYTHON (default
 # python3: torch + cupy), PYTHON_JAX (default PYTHON), STEPS (a subset of: driver inventory cdi
-# nvml paths shim container control), BUNDLE (default ./gpu-proof), SIM=1, SIM_BIN (the build
-# whose gpufence-sim and mocks make the simulated node; default target/debug).
-# Env of `prepare`: PROFILE (release, the default, or debug), ENGINES_DIR (where runc is).
+# nvml paths shim container control), PATH_MODES (how the C client reaches the driver: proc, the
+# default, as the CUDA runtime does, and/or dlsym: dlopen + dlsym), BUNDLE (default ./gpu-proof), SIM=1,
+# SIM_BIN (the build whose gpufence-sim and mocks make the simulated node; default target/debug),
+# KEEP_WORK=1 (keep the work folder in /tmp: the node, state, rootfs, each program's output).
+# Env of `prepare`: PROFILE (release, the default, or debug), FROM (a folder of built binaries to
+# take instead of building: tests/gpu_proof.rs's), ENGINES_DIR (where runc is).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,9 +63,11 @@ glibc_needed() {
 
 prepare() {
   set -e
-  local profile=${PROFILE:-release} runc f g dir
+  local profile=${PROFILE:-release} runc f g dir=${FROM:-}
   cd "$REPO"
+  [ -n "$dir" ] && profile="prebuilt ($dir)"
   case "$profile" in
+    prebuilt*) ;;
     release)
       cargo build --release -p gpufence --bins
       cargo build --release -p gpufence-shim
@@ -72,9 +77,10 @@ prepare() {
     debug) cargo build -p gpufence --bins && cargo build -p gpufence-shim ;;
     *) echo "gpu-proof: PROFILE is release or debug, not '$profile'" >&2; return 2 ;;
   esac
-  dir=target/$profile
+  dir=${dir:-target/$profile}
   runc=$(find_runc) || { echo "gpu-proof: no runc: set ENGINES_DIR or run scripts/engines.sh" >&2; return 1; }
-  if ! file -L "$runc" | grep -q 'static'; then
+  # static (or static-pie): no shared library NEEDED
+  if readelf -d "$runc" 2>/dev/null | grep -q '(NEEDED)'; then
     echo "gpu-proof: $runc is linked dynamically; the GPU machine needs a static runc: the" \
       "official release binary (scripts/engines.sh target/engines fetches it)" >&2
     return 1
@@ -184,7 +190,10 @@ find_real_driver() {
   done
   DRIVER_ROOT=${DRIVER_ROOT:-/}
   SMI=$(command -v nvidia-smi || true)
-  [ -n "$SMI" ] || SMI=$DRIVER_ROOT/bin/nvidia-smi
+  for d in "$DRIVER_ROOT/bin" "$DRIVER_ROOT/usr/bin"; do
+    [ -z "$SMI" ] && [ -x "$d/nvidia-smi" ] && SMI=$d/nvidia-smi
+  done
+  SMI=${SMI:-nvidia-smi}
   DEV_ROOT=/
   PROC_ROOT=/
   DRV_ENV=(env)
@@ -233,15 +242,18 @@ EOF
 }
 
 step_env() {
-  local log=$OUT/env.txt pkg
+  local log=$OUT/env.txt pkg py
   {
     echo "mode: $MODE; repository $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo '(no git)')"
     date -u
     uname -a
     ldd --version 2>&1 | head -1
-    echo "python: $PYTHON ($("$PYTHON" --version 2>&1)); jax python: $PYTHON_JAX"
-    for pkg in torch cupy-cuda13x jax jaxlib jax-cuda13-plugin nvidia-ml-py cuda-bindings numpy; do
-      printf '  %s %s\n' "$pkg" "$("$PYTHON" -c "import importlib.metadata as m; print(m.version('$pkg'))" 2>/dev/null || echo -)"
+    for py in "$PYTHON" "$PYTHON_JAX"; do
+      echo "python $py ($("$py" --version 2>&1)):"
+      for pkg in torch cupy-cuda13x jax jaxlib jax-cuda13-plugin nvidia-ml-py cuda-bindings numpy; do
+        printf '  %s %s\n' "$pkg" "$("$py" -c "import importlib.metadata as m; print(m.version('$pkg'))" 2>/dev/null || echo -)"
+      done
+      [ "$PYTHON_JAX" = "$PYTHON" ] && break
     done
     echo "bundle:"
     cat "$BUNDLE/MANIFEST" 2>&1
@@ -255,6 +267,21 @@ step_env() {
   } >>"$log" 2>&1
 }
 
+# LOG: without nvidia-persistenced the driver tears the GPU down when its last process exits
+# and every process after pays its start again (seconds on an H100): a context held open for the
+# whole run keeps it up, changing no setting of the GPU. Not when the compute mode is exclusive
+# (the holder would lock every check out), nor over the simulated driver.
+keep_driver_up() {
+  local mode
+  [ "$MODE" = real ] || return 0
+  mode=$(run_t 30 "$SMI" --query-gpu=compute_mode --format=csv,noheader 2>&1 | head -1)
+  echo "compute mode: $mode" >>"$1"
+  [ "$mode" = Default ] || return 0
+  "$BUNDLE/bin/cuda_client" proc hold >>"$1" 2>&1 </dev/null &
+  HOLDER=$!
+  echo "a context held open by process $HOLDER for the run" >>"$1"
+}
+
 # The driver answers the C client (no shim): its totals, which the control checks expect
 step_driver() {
   local log=$OUT/nvml.txt out=$WORK/totals.txt
@@ -266,7 +293,11 @@ step_driver() {
   WHOLE_TOTALMEM=$(value totalmem "$out")
   WHOLE_NVML=$(awk '$1 == "nvml" { print $2; exit }' "$out")
   UUID=$(run_t 30 "${DRV_ENV[@]}" "$SMI" -L 2>/dev/null | grep -o 'GPU-[0-9a-fA-F-]*' | head -1)
-  if [ -n "$WHOLE_CUDA" ] && [ -n "$WHOLE_NVML" ] && [ -n "$UUID" ]; then
+  # what the checks after expect: 0 (and none) when the driver did not say
+  WHOLE_CUDA=${WHOLE_CUDA:-0} WHOLE_TOTALMEM=${WHOLE_TOTALMEM:-0} WHOLE_NVML=${WHOLE_NVML:-0}
+  UUID=${UUID:-none}
+  keep_driver_up "$log"
+  if [ "$WHOLE_CUDA" != 0 ] && [ "$WHOLE_NVML" != 0 ] && [ "$UUID" != none ]; then
     result PASS driver "$UUID: cuMemGetInfo total $WHOLE_CUDA, cuDeviceTotalMem $WHOLE_TOTALMEM, NVML total $WHOLE_NVML"
   else
     result FAIL driver "the C client or nvidia-smi -L got no answer from the driver (nvml.txt)"
@@ -355,7 +386,7 @@ nvml_checks() {
   run_t 60 "${DRV_ENV[@]}" "$@" "$BUNDLE/bin/cuda_client" - nvml >"$out" 2>&1
   cat "$out" >>"$log"
   c="$(awk '$1 == "nvml" { print $2 }' "$out") $(awk '$1 == "nvml2" { print $2 }' "$out")"
-  if [ "$c" = "$want $want" ]; then
+  if [ "$want" != 0 ] && [ "$c" = "$want $want" ]; then
     result PASS "$name-c" "dlopen + dlsym of libnvidia-ml.so.1: both totals $want"
   else
     result FAIL "$name-c" "NVML totals (v1, v2) '$c', not $want"
@@ -387,7 +418,7 @@ PATH_ROWS=(
 step_paths() {
   local log=$OUT/cuda-paths.txt mode row cmd first second st out ok bad n want
   want="info $((24 * MIB)) $PATHS_SLICE|info $PATHS_SLICE $PATHS_SLICE"
-  for mode in proc dlsym; do
+  for mode in $PATH_MODES; do
     ok=0
     bad=()
     for row in "${PATH_ROWS[@]}"; do
@@ -661,6 +692,7 @@ run() {
   PYTHON=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
   PYTHON_JAX=$(command -v "${PYTHON_JAX:-$PYTHON}" || echo "${PYTHON_JAX:-$PYTHON}")
   STEPS=${STEPS:-driver inventory cdi nvml paths shim container control}
+  PATH_MODES=${PATH_MODES:-proc}
   SIM_BIN=${SIM_BIN:-$REPO/target/debug}
   SHIM=$BUNDLE/lib/libgpufence.so
   NPASS=0 NFAIL=0 NSKIP=0
@@ -672,6 +704,7 @@ run() {
   echo "gpufence GPU proof, $MODE driver, budget ${BUDGET}s, started $(date -u +%FT%TZ); logs beside this file" >>"$SUMMARY"
   if [ ! -f "$BUNDLE/bin/gpufence" ]; then
     result FAIL bundle "no $BUNDLE/bin/gpufence: run scripts/gpu-proof.sh prepare, carry gpu-proof"
+    rm -rf "$WORK"
     return 1
   fi
   if [ ! -x "$BUNDLE/bin/gpufence" ]; then
@@ -679,10 +712,14 @@ run() {
     cp -r "$BUNDLE" "$WORK/bundle" && chmod -R u+rwx "$WORK/bundle" && BUNDLE=$WORK/bundle
     SHIM=$BUNDLE/lib/libgpufence.so
   fi
+  # what a driver that is not found leaves: every check then fails on its own
+  NVML_LIB=libnvidia-ml.so.1 DRIVER_ROOT=/ DEV_ROOT=/ PROC_ROOT=/ SMI=nvidia-smi
+  DRV_ENV=(env)
+  DEV_WRAP=()
   if [ "$MODE" = real ]; then
-    find_real_driver || result FAIL driver "no libnvidia-ml.so.1 on LD_LIBRARY_PATH, in the ld cache or the usual folders"
+    find_real_driver || result FAIL driver-found "no libnvidia-ml.so.1 on LD_LIBRARY_PATH, in the ld cache or the usual folders"
   else
-    make_sim_driver || result FAIL driver "gpufence-sim node failed ($SIM_BIN)"
+    make_sim_driver || result FAIL driver-found "gpufence-sim node failed ($SIM_BIN)"
   fi
   write_config
   step_env
@@ -695,9 +732,19 @@ run() {
   wanted shim && step_shim
   wanted container && step_container
   wanted control && step_control
+  if [ -n "${HOLDER:-}" ]; then
+    kill "$HOLDER" 2>/dev/null
+    wait "$HOLDER" 2>/dev/null
+  fi
   tail -c 2000000 "$WORK/gpufence.log" >>"$OUT/container.txt" 2>/dev/null
-  printf 'TOTAL %d passed, %d failed, %d skipped in %ds (%s driver; work folder %s)\n' \
-    "$NPASS" "$NFAIL" "$NSKIP" "$((SECONDS - T0))" "$MODE" "$WORK" | tee -a "$SUMMARY"
+  local kept="work folder removed (KEEP_WORK=1 keeps it)"
+  if [ "${KEEP_WORK:-}" = 1 ] || grep -q " $WORK/" /proc/self/mounts; then
+    kept="work folder $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  printf 'TOTAL %d passed, %d failed, %d skipped in %ds (%s driver; %s)\n' \
+    "$NPASS" "$NFAIL" "$NSKIP" "$((SECONDS - T0))" "$MODE" "$kept" | tee -a "$SUMMARY"
   [ "$NFAIL" = 0 ]
 }
 
