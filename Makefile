@@ -22,7 +22,7 @@ DEMO_PROFILE ?= dev
 PY_VENV := $(CURDIR)/target/venv
 export PY_VENV
 
-.PHONY: test-frameworks engines all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
+.PHONY: test-frameworks gpu-proof-bundle engines all deps demo-deps lint-deps build-deps test-deps package-deps docker-deps rust build build-debug shim-compat \
         demo test fuzz lint fmt bench clean-demo image package
 
 all: build
@@ -113,12 +113,19 @@ test: test-deps engines
 # to their slice inside a gpufence-runtime container (docs/frameworks.md). Not part of `make test`:
 # the first run downloads the wheels (about 5.5 GiB for PyTorch + CuPy, 4.4 GiB for JAX in a venv
 # of its own) into /var/cache/gpufence/frameworks (scripts/frameworks.sh); later runs download
-# nothing.
+# nothing. Then the rehearsal of the real-GPU proof over the simulated node (tests/gpu_proof.rs).
 test-frameworks: test-deps engines
 	$(CARGO) build --workspace
 	bash scripts/frameworks.sh
 	bash scripts/frameworks.sh jax
 	PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --test frameworks_container -- --ignored --nocapture
+	PATH="$(ENGINES_DIR):$$PATH" $(CARGO) test --test gpu_proof -- --ignored --nocapture
+
+# The proof prepared for a machine with a real GPU (docs/frameworks.md, "On a real GPU: the
+# prepared proof"): release binaries, a static runc and the C CUDA client in ./gpu-proof (ignored
+# by git), carried to that machine, where `bash scripts/gpu-proof.sh run` is the one command.
+gpu-proof-bundle: build-deps engines
+	bash scripts/gpu-proof.sh prepare
 
 # Coverage-guided fuzzing, not part of `make test`: installs cargo-fuzz if missing, runs every
 # target in fuzz/ for FUZZ_SECONDS (default 60) on the stable toolchain (RUSTC_BOOTSTRAP=1).
