@@ -142,6 +142,7 @@ d = st.median([g - f for g, f in zip(times[2], times[1])])
 print(f"  gpufence-runtime over the execve floor, paired: {d:+.3f} ms")
 PY
 echo "create path alone (gpufence-runtime in the handler arm, from start to the exec of runc; GPUFENCE_PHASES):"
+[ -z "${PHASES_COPY:-}" ] || cp "$S/state/phases.txt" "$S/gpufence.log" "$PHASES_COPY"/
 python3 - "$S/state/phases.txt" <<'PY'
 import statistics as st, sys
 rows = []
@@ -153,6 +154,9 @@ for gpu, what in ((True, "GPU container"), (False, "pod sandbox or no-GPU contai
     r = [x for x in rows if x[0] == gpu]
     if r:
         print(f"  {what}: {st.median(x[1] for x in r):.2f} ms in the wrapper (cpu {st.median(x[2] for x in r):.2f} ms), {len(r)} creates")
+        if len(r) >= 8:
+            q = len(r) // 4
+            print(f"    drift: first quarter {st.median(x[1] for x in r[:q]):.2f} ms, last quarter {st.median(x[1] for x in r[-q:]):.2f} ms")
 if not rows:
     print("  (no phase lines: the shim did not pass GPUFENCE_PHASES on)")
 PY

@@ -5,8 +5,11 @@ handlers given, interleaved, one pod at a time (stopped and removed outside the 
 Usage: pod_timer.py SOCKET RUNS IMAGE [LABEL:]HANDLER[@SOCKET][=ANNOTATIONS_JSON] ...
 Each arm runs on SOCKET unless it names its own (`@SOCKET`: another containerd in the same run).
 Prints one line per arm: label, median ms, interquartile range, runs; and each arm against the
-first arm, paired by round (the same round's pods run back to back): the median difference and
-the median ratio.
+first arm, paired by round (the same round's pods run back to back): the median difference with
+its 95 % confidence interval (distribution-free: the order statistics of the paired differences
+that bracket their median with 95 % probability), and the median ratio. Each round starts at
+another arm (round i runs the arms rotated by i), so no arm always follows the previous round's
+teardown or always runs first.
 Needs PyPI container-runtime-interface-api (cri_api) and grpcio (make deps: target/venv).
 """
 import json
@@ -50,6 +53,20 @@ def pod(rt, handler, ann, image, name):
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
 
 
+def median_ci(diffs):
+    """The 95 % confidence interval of the median of `diffs`: the order statistics j and k with
+    P(j <= rank of the median < k) >= 0.95 under the binomial(n, 1/2) (normal approximation,
+    n >= 6); (nan, nan) for fewer."""
+    n = len(diffs)
+    if n < 6:
+        return float("nan"), float("nan")
+    d = sorted(diffs)
+    half = 0.98 * n ** 0.5  # 1.96 * sqrt(n) / 2
+    j = max(0, int(n / 2 - half))
+    k = min(n - 1, int(-(-(n / 2 + half) // 1)))
+    return d[j], d[k]
+
+
 def main():
     sock, runs, image = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     arms, stubs = [], {}
@@ -63,7 +80,8 @@ def main():
         arms.append((label or a, h, json.loads(j) if j else {}, stubs[s]))
     times = {a: [] for a, _, _, _ in arms}
     for i in range(-1, runs):  # one warm-up round
-        for n, (a, h, ann, rt) in enumerate(arms):
+        r = (i + 1) % len(arms)
+        for n, (a, h, ann, rt) in (list(enumerate(arms))[r:] + list(enumerate(arms))[:r]):
             t = pod(rt, h, ann, image, f"bench-{n}-{h}-{i + 1}")
             if i >= 0:
                 times[a].append(t)
@@ -71,10 +89,12 @@ def main():
     for a, _, _, _ in arms:
         xs = times[a]
         q = st.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-        paired = st.median([x - b for x, b in zip(xs, base)])
+        diffs = [x - b for x, b in zip(xs, base)]
+        paired = st.median(diffs)
+        lo, hi = median_ci(diffs)
         ratio = st.median([x / b for x, b in zip(xs, base)])
         print(f"  {a:60s} median {st.median(xs):7.1f} ms (IQR {q[0]:.1f}-{q[2]:.1f}, {len(xs)} pods), "
-              f"paired {paired:+.1f} ms, ratio {ratio:.3f}")
+              f"paired {paired:+.1f} ms (95% CI {lo:+.1f} to {hi:+.1f}), ratio {ratio:.3f}")
 
 
 if __name__ == "__main__":
