@@ -191,6 +191,7 @@ fn replace_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno>
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )?;
+    readable_by_all(&fd)?;
     let mut f = std::fs::File::from(fd);
     // No fsync: a rootfs being created does not outlive a host crash in a usable state anyway;
     // the rename alone makes every reader see the old or the new file.
@@ -222,13 +223,21 @@ fn write_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
         Err(Errno::EEXIST) => return replace_file(dir, name, contents),
         Err(e) => return Err(e),
     };
-    let written = std::fs::File::from(fd)
-        .write_all(contents)
-        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+    let written = readable_by_all(&fd).and_then(|()| {
+        std::fs::File::from(fd)
+            .write_all(contents)
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+    });
     if written.is_err() {
         let _ = nix::unistd::unlinkat(dir.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
     written
+}
+
+/// Mode 0644 whatever the umask the engine started gpufence with: every user of the container
+/// reads the ld cache and its configuration.
+fn readable_by_all(fd: &OwnedFd) -> Result<(), Errno> {
+    nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(0o644))
 }
 
 /// What an `O_PATH` open found.
@@ -764,6 +773,32 @@ mod tests {
             b"include y\n"
         );
         assert_eq!(std::fs::read_dir(root.join("etc")).unwrap().count(), 2);
+        // Created and replaced files alike are every user's to read.
+        for f in ["ld.so.conf", "ld.so.cache"] {
+            let mode = std::os::unix::fs::MetadataExt::mode(
+                &std::fs::metadata(root.join("etc").join(f)).unwrap(),
+            );
+            assert_eq!(mode & 0o777, 0o644, "{f}");
+        }
+    }
+
+    #[test]
+    fn what_is_written_is_readable_by_all_whatever_the_umask() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        // As a file created under umask 077 would be.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+            .unwrap();
+        readable_by_all(&OwnedFd::from(f)).unwrap();
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&p).unwrap()) & 0o777,
+            0o644
+        );
     }
 
     #[test]
