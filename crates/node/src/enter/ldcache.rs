@@ -181,57 +181,53 @@ fn temp_name(name: &str) -> String {
     format!(".{name}.gpufence-{pid}-{nanos}")
 }
 
-/// Replace `name` in directory `dir` with `contents`, never following a symlink and never
-/// opening what is there (`renameat` replaces the directory entry).
-fn replace_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
-    let tmp = temp_name(name);
+/// Create `name` in directory `dir` (`O_CREAT|O_EXCL|O_NOFOLLOW`: `EEXIST` where anything,
+/// a symlink included, is there), [`readable_by_all`], holding `contents`; removed again when it
+/// could not be written whole.
+fn create_new(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
     let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        tmp.as_str(),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )?;
-    readable_by_all(&fd)?;
-    let mut f = std::fs::File::from(fd);
-    // No fsync: a rootfs being created does not outlive a host crash in a usable state anyway;
-    // the rename alone makes every reader see the old or the new file.
-    let res = f
-        .write_all(contents)
-        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
-        .and_then(|()| nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name));
-    if res.is_err() {
-        let _ = nix::unistd::unlinkat(
-            dir.as_fd(),
-            tmp.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        );
-    }
-    res
-}
-
-/// Write `name` in directory `dir` with `contents`: created with `O_CREAT|O_EXCL|O_NOFOLLOW`
-/// where nothing is there (one file, no rename: the container has not started, nobody reads it
-/// half-written), else replaced as [`replace_file`] does — never opening what the image has there.
-fn write_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
-    let fd = match nix::fcntl::openat(
         dir.as_fd(),
         name,
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::EEXIST) => return replace_file(dir, name, contents),
-        Err(e) => return Err(e),
-    };
+    )?;
+    // No fsync: a rootfs being created does not outlive a host crash in a usable state anyway.
     let written = readable_by_all(&fd).and_then(|()| {
         std::fs::File::from(fd)
             .write_all(contents)
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
     });
     if written.is_err() {
-        let _ = nix::unistd::unlinkat(dir.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        remove(dir, name);
     }
     written
+}
+
+fn remove(dir: &OwnedFd, name: &str) {
+    let _ = nix::unistd::unlinkat(dir.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+}
+
+/// Replace `name` in directory `dir` with `contents`, never following a symlink and never
+/// opening what is there: a new temporary beside it, then `renameat` replaces the directory
+/// entry, so every reader sees the old or the new file.
+fn replace_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
+    let tmp = temp_name(name);
+    create_new(dir, &tmp, contents)?;
+    let renamed = nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name);
+    if renamed.is_err() {
+        remove(dir, &tmp);
+    }
+    renamed
+}
+
+/// Write `name` in directory `dir` with `contents`: created in place where nothing is there (one
+/// file, no rename: the container has not started, nobody reads it half-written), else replaced
+/// as [`replace_file`] does — never opening what the image has there.
+fn write_file(dir: &OwnedFd, name: &str, contents: &[u8]) -> Result<(), Errno> {
+    match create_new(dir, name, contents) {
+        Err(Errno::EEXIST) => replace_file(dir, name, contents),
+        done => done,
+    }
 }
 
 /// Mode 0644 whatever the umask the engine started gpufence with: every user of the container
